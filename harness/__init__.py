@@ -1,0 +1,1 @@
+"""dsa-bench harness: scenario -> plan -> arms -> server -> load -> records -> stats -> verdict -> report."""
