@@ -10,6 +10,30 @@ A run directory ``results/<run-id>/`` holds:
 - ``logs/<arm>-server.log`` — the server's stdout+stderr.
 - ``report.html`` (and later ``verdict.json``, ``summary.md``).
 
+``manifest.json`` keys (schema_version 1)::
+
+    schema_version, run_id, status ("running" | "done" | "failed" | "interrupted"), started_at, ended_at (ISO 8601 UTC),
+    scenario_name, scenario_file, scenario (the resolved scenario as a dict),
+    platform {name: "cpu"|"cuda", device: str (CPU or GPU model), cpu_count, gpu_count},
+    versions {dsa_bench, vllm, torch, python}, git_sha,
+    notes [str]                       # plain-language notes for the report (e.g. what the CPU build cannot do)
+    arms {
+      "<arm>": {                       # "baseline" then "candidate"
+        route, description,            # route = "baseline" | "candidate"
+        decision {...},                # dsa_route.routing.RouteDecision.to_dict()
+        unavailable [str],             # knobs "not available on this platform"
+        server_command [str], server_env {str: str},
+        bench_command [str],           # `vllm bench serve ...` argv for one level ({concurrency}, {num_prompts} filled)
+        intended {model_runner, compilation_mode, cudagraph_mode, breakable_cudagraph},
+        observed {...},                # harness.attest.observe_from_log() of the server log
+        attestation {valid: bool, mismatches [str]},
+        server_start_s,                # seconds from spawn to the first successful completion
+        base_url,
+        levels {"c<concurrency>-r<repeat>": {status: "done" | "failed: <reason>" | "skipped", wall_s, raw}}
+      }
+    },
+    timing {wall_s, server_start_s, benchmark_s, harness_overhead_s}   # harness share = overhead / wall
+
 Units are in the column names (``_ms`` milliseconds, ``_s`` seconds, throughputs in tokens/s or requests/s).
 TPOT per request = (E2EL − TTFT) / (output_len − 1) with output_len counted by the server (vLLM
 ``benchmarks/serve.py`` definition); requests with output_len ≤ 1 have no TPOT (empty cell).
@@ -35,15 +59,18 @@ LEVEL_COLUMNS: tuple[str, ...] = (
     "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
     "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
-    "max_concurrent_requests",
+    "max_concurrent_requests", "client_cpu_util",
 )
-"""``levels.csv`` columns. Throughputs: output and total tokens/s, requests/s; latencies in ms."""
+"""``levels.csv`` columns. ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds. Throughputs: output and total tokens/s, requests/s; latencies in ms."""
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "arm", "concurrency", "repeat", "index", "input_len", "output_len",
     "ttft_ms", "tpot_ms", "e2el_ms", "start_s", "error",
 )
 """``requests.csv`` columns. ``start_s`` is the request's start relative to the level's first request (seconds)."""
+
+OPTIONAL_COLUMNS: frozenset[str] = frozenset({"max_concurrent_requests", "client_cpu_util"})
+"""Columns added after schema version 1's first release, or that a run may not produce; readers tolerate absence."""
 
 MANIFEST = "manifest.json"
 LEVELS = "levels.csv"
@@ -68,6 +95,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -119,6 +147,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 def read_table(run_dir: Path, name: str, columns: tuple[str, ...]):
     """Read ``levels.csv`` or ``requests.csv`` into a pandas DataFrame, checking the header.
 
+    Columns in :data:`OPTIONAL_COLUMNS` may be absent (older run dirs, features off); they are added as empty.
     Returns an empty frame with ``columns`` when the file does not exist yet (a run stopped before any level finished).
 
     Raises:
@@ -133,7 +162,10 @@ def read_table(run_dir: Path, name: str, columns: tuple[str, ...]):
         frame = pd.read_csv(path, keep_default_na=True)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise RunDirError(f"{path}: unreadable CSV ({error}); re-run the affected levels with --resume") from error
-    missing = [column for column in columns if column not in frame.columns]
+    missing = [column for column in columns if column not in frame.columns and column not in OPTIONAL_COLUMNS]
     if missing:
         raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
+    for column in columns:
+        if column not in frame.columns:
+            frame[column] = float("nan")
     return frame

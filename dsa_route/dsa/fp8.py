@@ -1,0 +1,78 @@
+"""FP8 e4m3 quantization as DSA uses it: per-block scales rounded up to a power of two (the "ue8m0" scale format).
+
+Shape legend: N leading dims (any), D quantized dim, D/block scales.
+
+Formula (DeepSeek-V3.2-Exp ``inference/kernel.py::act_quant_kernel`` with ``round_scale``; vLLM
+``deepseek_v32/common/kernels.py::_fp8_ue8m0_quantize`` and ``indexer_k_quant_and_cache``):
+    amax  = max(|x_block|, 1e-4)
+    scale = 2^ceil(log2(amax / 448))         (448 = largest finite e4m3fn value)
+    q     = e4m3(clamp(x / scale, -448, 448))
+Dequantization is ``q · scale``. Because ``scale >= amax/448`` every value fits, and a power-of-two scale makes the
+division exact, so the only error is e4m3's 3-bit mantissa rounding (relative error <= 2^-4 of the block amax).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_E4M3_MAX = 448.0
+AMAX_FLOOR = 1e-4
+
+
+def quant_block_size(dim: int) -> int:
+    """Block length for a ``dim``-wide vector: ``min(128, dim)`` (vLLM ``Indexer.quant_block_size`` is 128 and the
+    real ``index_head_dim`` is 128; smaller test geometries use one block)."""
+    return min(128, dim)
+
+
+def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
+    """Smallest power of two ``>= x`` for positive fp32 ``x``, computed exactly with ``frexp`` (``x = m · 2^e``,
+    ``m ∈ [0.5, 1)``; an exact power of two has ``m == 0.5``). Same result as the kernels' ``fast_round_scale``."""
+    mantissa, exponent = torch.frexp(x.float())
+    exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
+    return torch.ldexp(torch.ones_like(mantissa), exponent)
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: int, *, pow2_scale: bool = True,
+                        min_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x [N..., D]`` in blocks of ``block`` along the last dim.
+
+    Returns ``(values float8_e4m3fn [N..., D], scales float32 [N..., D/block])``. ``pow2_scale=False`` keeps the exact
+    ``amax/448`` scale (the non-ue8m0 variant); ``min_scale`` floors the scale before rounding (vLLM's fp8_ds_mla writer
+    floors the scale at 1e-4 instead of amax). Raises ValueError when ``block`` does not divide ``D``.
+    """
+    d = x.shape[-1]
+    if d % block:
+        raise ValueError(f"quantize_fp8_blocks: block {block} does not divide dim {d}")
+    xb = x.float().reshape(*x.shape[:-1], d // block, block)
+    amax = xb.abs().amax(dim=-1, keepdim=True).clamp_min(AMAX_FLOOR)
+    scale = (amax / FP8_E4M3_MAX).clamp_min(min_scale)
+    if pow2_scale:
+        scale = pow2_ceil(scale)
+    values = (xb / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(x.shape), scale.squeeze(-1)
+
+
+def dequantize_fp8_blocks(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``quantize_fp8_blocks``: ``values [N..., D]`` e4m3, ``scales [N..., D/block]`` → fp32
+    ``[N..., D]``."""
+    d, nb = values.shape[-1], scales.shape[-1]
+    vb = values.float().reshape(*values.shape[:-1], nb, d // nb)
+    return (vb * scales.float()[..., None]).reshape(values.shape)
+
+
+def fake_quant_fp8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """``dequantize(quantize(x))`` in fp32: the value an FP8 kernel effectively multiplies (ReLU and the sum over heads
+    commute with the positive scales, so this equals the kernels' scaled fp8 dot products)."""
+    return dequantize_fp8_blocks(*quantize_fp8_blocks(x, block))
+
+
+def quantize_fp8_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-tensor static FP8 (vLLM ``kv_cache_dtype="fp8"``: one ``_k_scale``, 1.0 unless calibrated):
+    ``e4m3(clamp(x / scale))``. Returns float8_e4m3fn of ``x``'s shape."""
+    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_fp8_tensor(values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Inverse of ``quantize_fp8_tensor``: fp32 ``values · scale``."""
+    return values.float() * scale

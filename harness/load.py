@@ -1,0 +1,157 @@
+"""Load generation with vLLM's own benchmark client, and the only module that knows vLLM's bench result JSON.
+
+:class:`LoadClient` drives one long-lived ``python -m harness.loadgen`` child (vLLM imported once per run);
+:func:`parse_bench_result` turns a ``vllm bench serve --save-result --save-detailed`` JSON into one ``levels.csv``
+row and ``requests.csv`` rows (schema: :mod:`harness.records`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from harness import procs
+
+
+class LevelError(RuntimeError):
+    """A benchmark level failed or timed out (the message says which and why)."""
+
+
+class LoadClient:
+    """A ``harness.loadgen`` child process that runs ``vllm bench serve`` argv lists in-process.
+
+    Args:
+        env: environment of the client process.
+        log_path: the driver's own log (its import and protocol errors).
+    """
+
+    def __init__(self, env: Mapping[str, str], log_path: Path):
+        self.env = dict(env)
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.import_s = 0.0
+
+    def _ensure_started(self, timeout_s: float = 300.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self.proc = procs.spawn([sys.executable, "-m", "harness.loadgen"], self.env, self.log_path,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        reply = self._read_reply(timeout_s, "benchmark client start")
+        self.import_s += float(reply.get("import_s", 0.0))
+
+    def _read_reply(self, timeout_s: float, what: str, on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise LevelError(f"{what} timeout: no result after {timeout_s:.0f} s "
+                                 f"(raise workload.level_timeout_s if the level is just slow)")
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(1.0, remaining))
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    code = self.proc.wait(timeout=10)
+                    self.proc = None
+                    raise LevelError(f"benchmark client exited with code {code} during {what}; see {self.log_path}")
+                return json.loads(line)
+            if on_tick is not None:
+                on_tick()
+
+    def run(self, argv: Sequence[str], log_path: Path, timeout_s: float,
+            on_tick: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Run one ``vllm bench serve`` argv; returns ``{"ok", "error", "wall_s", "cpu_s"}``.
+
+        ``on_tick`` is called about once a second while the level runs (progress display).
+
+        Raises:
+            LevelError: the client died or the level exceeded ``timeout_s`` (the client is then restarted lazily).
+        """
+        self._ensure_started()
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"argv": list(argv), "log": str(log_path)}) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._read_reply(timeout_s, "per-level", on_tick)
+
+    def close(self) -> None:
+        """Stop the client process."""
+        if self.proc is not None:
+            procs.stop(self.proc, grace_s=5.0)
+            self.proc = None
+
+
+def _num(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, repeat: int
+                       ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One vLLM bench result JSON → (``levels.csv`` row, ``requests.csv`` rows).
+
+    Per request: TTFT and E2EL from vLLM's ``ttfts``/``latencies`` (s → ms); ``output_len`` is the server-counted
+    ``usage.completion_tokens`` (vLLM's ``output_lens``); TPOT = (E2EL − TTFT)/(output_len − 1) for output_len > 1
+    (vLLM ``benchmarks/serve.py`` ``calculate_metrics``), else empty. ``start_s`` is relative to the first request.
+
+    Raises:
+        ValueError: a required key is missing or the per-request arrays disagree in length (corrupted file).
+    """
+    required = ("duration", "completed", "output_throughput", "total_token_throughput", "request_throughput",
+                "input_lens", "output_lens", "ttfts", "latencies", "errors")
+    missing = [key for key in required if key not in data]
+    if missing:
+        raise ValueError(f"benchmark JSON lacks {missing} (not a `vllm bench serve --save-detailed` result?)")
+    count = len(data["input_lens"])
+    for key in ("output_lens", "ttfts", "latencies", "errors"):
+        if len(data[key]) != count:
+            raise ValueError(f"benchmark JSON: '{key}' has {len(data[key])} entries, input_lens has {count}")
+    starts = data.get("start_times") or [None] * count
+    first = min((s for s in starts if s is not None), default=None)
+    requests = []
+    for index in range(count):
+        error = data["errors"][index] or ""
+        output_len = int(data["output_lens"][index] or 0)
+        ttft_ms = data["ttfts"][index] * 1000.0 if not error else None
+        e2el_ms = data["latencies"][index] * 1000.0 if not error else None
+        tpot_ms = (e2el_ms - ttft_ms) / (output_len - 1) if (not error and output_len > 1) else None
+        requests.append({
+            "arm": arm, "concurrency": concurrency, "repeat": repeat, "index": index,
+            "input_len": int(data["input_lens"][index]), "output_len": output_len,
+            "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms,
+            "start_s": (starts[index] - first) if (starts[index] is not None and first is not None) else None,
+            "error": error.strip().splitlines()[-1][:300] if error else "",
+        })
+    level = {
+        "arm": arm, "concurrency": concurrency, "repeat": repeat,
+        "completed": int(data["completed"]), "failed": int(data.get("failed", count - int(data["completed"]))),
+        "duration_s": float(data["duration"]),
+        "output_throughput": float(data["output_throughput"]),
+        "total_token_throughput": float(data["total_token_throughput"]),
+        "request_throughput": float(data["request_throughput"]),
+        "max_concurrent_requests": data.get("max_concurrent_requests"),
+    }
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "p99"):
+            level[f"{stat}_{metric}_ms"] = _num(data.get(f"{stat}_{metric}_ms"))
+    return level, requests
+
+
+def read_bench_json(path: Path) -> dict[str, Any]:
+    """Read a bench result JSON file.
+
+    Raises:
+        ValueError: the file is not valid JSON (message names the file).
+    """
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: unreadable benchmark JSON ({error})") from error

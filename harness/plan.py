@@ -1,0 +1,198 @@
+"""Scenario × machine → the exact commands of a run (pure apart from resolving a generated model's path).
+
+Each arm's server flags and environment come from one place: ``dsa_route.routing.decide`` for the arm's route,
+turned into vLLM flags by ``dsa_route.routing.serve_overrides`` for the platform. ``dsa-bench plan`` prints this.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsa_route import routing
+from harness.machine import Machine
+from harness.scenario import Scenario, resolve_path
+
+BENCH_PERCENTILES = "50,99"
+
+# HF model_type of each architecture: the MTP draft's model_type, which selects the draft class (vLLM
+# config/speculative.py: deepseek_v3 → DeepSeekMTPModel; deepseek_v32 / glm_moe_dsa → DeepseekV32MTPModel).
+MODEL_TYPES = {"DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM": "deepseek_v32",
+               "GlmMoeDsaForCausalLM": "glm_moe_dsa"}
+
+
+class PlanError(ValueError):
+    """The scenario cannot run on this machine; ``str(error)`` is the one-line message (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ArmPlan:
+    """One arm, fully resolved: route decision, what the platform lacks, server command and environment."""
+
+    name: str
+    route: str
+    description: str
+    decision: dict
+    unavailable: tuple[str, ...]
+    intended: dict
+    server_args: tuple[str, ...]          # everything after `vllm serve MODEL`, port excluded
+    server_env: dict[str, str]            # only what dsa-bench sets on top of the inherited environment
+    model_path: str
+    served_model_name: str
+    tokenizer: str
+
+    def server_argv(self, port: int | str) -> list[str]:
+        """``vllm serve`` argv for ``port``."""
+        return [vllm_executable(), "serve", self.model_path, "--host", "127.0.0.1", "--port", str(port), *self.server_args]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The run: scenario, machine, arms (baseline first), levels and how servers are scheduled."""
+
+    scenario: Scenario
+    machine: Machine
+    arms: tuple[ArmPlan, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def levels(self) -> list[tuple[int, int]]:
+        """(concurrency, repeat) pairs in sweep order."""
+        return [(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
+
+    def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path) -> list[str]:
+        """The ``vllm bench serve`` argv of one level (random dataset, fixed lengths, ``--ignore-eos``, greedy)."""
+        work = self.scenario.workload
+        return [
+            "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+            "--model", arm.model_path, "--served-model-name", arm.served_model_name, "--tokenizer", arm.tokenizer,
+            "--dataset-name", "random", "--random-input-len", str(work.input_len),
+            "--random-output-len", str(work.output_len), "--ignore-eos", "--temperature", "0",
+            "--seed", str(work.seed + repeat), "--num-prompts", str(work.num_prompts(concurrency)),
+            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--num-warmups", str(work.warmups),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", BENCH_PERCENTILES,
+            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
+            "--result-filename", level_filename(arm.name, concurrency, repeat), "--disable-tqdm",
+        ]
+
+
+def vllm_executable() -> str:
+    """The ``vllm`` CLI of this Python environment (``.venv/bin/vllm``), else the one on PATH, else ``"vllm"``."""
+    sibling = Path(sys.executable).parent / "vllm"
+    if sibling.exists():
+        return str(sibling)
+    return shutil.which("vllm") or "vllm"
+
+
+def level_key(concurrency: int, repeat: int) -> str:
+    """Manifest key of a level: ``c<concurrency>-r<repeat>``."""
+    return f"c{concurrency}-r{repeat}"
+
+
+def level_filename(arm: str, concurrency: int, repeat: int) -> str:
+    """Raw result file name of a level."""
+    return f"{arm}-{level_key(concurrency, repeat)}.json"
+
+
+def check_machine(scenario: Scenario, machine: Machine) -> None:
+    """Refuse what this machine cannot run before anything starts.
+
+    Raises:
+        PlanError: a CUDA-only setting (tensor parallelism > 1, a quantization, a CUDA scenario) on a machine without
+            CUDA, or more GPUs asked for than visible.
+    """
+    serve = scenario.serve
+    if machine.name != "cuda":
+        needs = []
+        if serve.tensor_parallel_size > 1:
+            needs.append(f"--tp {serve.tensor_parallel_size}")
+        if serve.quantization != "none":
+            needs.append(f"--quant {serve.quantization}")
+        if needs:
+            raise PlanError(f"{' and '.join(needs)} requires a CUDA machine with {serve.tensor_parallel_size} "
+                            f"GPU(s); this machine has none — drop the flag or run on a GPU node")
+        if scenario.platform == "cuda":
+            raise PlanError(f"scenario '{scenario.name}' requires a CUDA machine; on this CPU machine use "
+                            f"--scenario cpu-tiny")
+    elif serve.tensor_parallel_size > machine.gpu_count:
+        raise PlanError(f"--tp {serve.tensor_parallel_size} needs {serve.tensor_parallel_size} GPUs; "
+                        f"this machine has {machine.gpu_count}")
+
+
+def planning_machine(scenario: Scenario, host: Machine) -> Machine:
+    """The machine a plan is made for: the host, or — when the scenario needs CUDA and the host has none — a
+    hypothetical CUDA machine with the scenario's GPU count (so ``dsa-bench plan`` works for any scenario anywhere)."""
+    if scenario.platform != "cuda" or host.name == "cuda":
+        return host
+    return Machine(name="cuda", device=f"(planned; this host has no CUDA: {host.device})", cpu_count=host.cpu_count,
+                   gpu_count=scenario.serve.tensor_parallel_size, has_triton=True)
+
+
+def _model_location(scenario: Scenario) -> tuple[str, str]:
+    """(model path or id, tokenizer path or id); a ``generated:<name>`` model is made on first use."""
+    model = scenario.model
+    if model.id.startswith("generated:"):
+        from harness.tinymodel import ensure_tiny_model
+
+        path = str(ensure_tiny_model(model.id.split(":", 1)[1]))
+        return path, model.tokenizer or path
+    local = resolve_path(model.id)
+    path = str(local) if local.exists() else model.id
+    return path, model.tokenizer or path
+
+
+def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) -> list[str]:
+    model, serve = scenario.model, scenario.serve
+    args = ["--served-model-name", served_name, "--tokenizer", tokenizer, "--seed", "0",
+            "--dtype", model.dtype, "--max-model-len", str(model.max_model_len),
+            "--load-format", model.load_format, "--tensor-parallel-size", str(serve.tensor_parallel_size),
+            "--kv-cache-dtype", serve.kv_cache_dtype]
+    if serve.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(serve.max_num_batched_tokens)]
+    if model.hf_config_path is not None:
+        args += ["--hf-config-path", str(resolve_path(model.hf_config_path))]
+    if serve.vllm_quantization is not None:
+        args += ["--quantization", serve.vllm_quantization]
+    return args
+
+
+def build_plan(scenario: Scenario, machine: Machine) -> Plan:
+    """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it).
+
+    Raises:
+        PlanError: both arms would be identical on this platform.
+    """
+    model_path, tokenizer = _model_location(scenario)
+    served_name = Path(scenario.model.id.split(":", 1)[-1]).name
+    common = _common_server_args(scenario, served_name, tokenizer)
+    mtp_tokens = scenario.mtp.num_speculative_tokens or None
+    draft_type = MODEL_TYPES[scenario.model.architecture] if mtp_tokens else None
+    arms = []
+    for name in scenario.arm_names():
+        spec = scenario.arms[name]
+        decision = routing.decide(
+            [scenario.model.architecture], machine.name, speculative_model_type=draft_type,
+            kv_cache_dtype=scenario.serve.kv_cache_dtype, route=spec.route,
+        )
+        route_args, route_env, unavailable = routing.serve_overrides(
+            decision, machine.name, has_triton=machine.has_triton, num_speculative_tokens=mtp_tokens)
+        env = {**scenario.serve.env, **route_env, **spec.env}
+        arms.append(ArmPlan(
+            name=name, route=spec.route, description=spec.description, decision=decision.to_dict(),
+            unavailable=tuple(unavailable),
+            intended=routing.expected_observation(decision, machine.name, has_triton=machine.has_triton),
+            server_args=tuple(common + list(route_args) + list(scenario.serve.extra_args) + list(spec.extra_args)),
+            server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
+        ))
+    baseline, candidate = arms
+    if baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env:
+        raise PlanError(f"on {machine.name} both arms resolve to the same server command and environment; "
+                        f"nothing would be compared — add arm-specific extra_args or run on another platform")
+    notes = []
+    if any(arm.unavailable for arm in arms):
+        notes.append(f"On this {machine.name} build some knobs of the routing change do not exist "
+                     f"({'; '.join(sorted({u for arm in arms for u in arm.unavailable}))}). The arms therefore differ "
+                     f"only in what the platform allows: "
+                     + "; ".join(f"{arm.name} = {arm.intended.get('compilation_mode')}" for arm in arms) + ".")
+    return Plan(scenario=scenario, machine=machine, arms=tuple(arms), notes=tuple(notes))

@@ -1,0 +1,100 @@
+"""Child processes: each in its own process group, logged to a file, terminated then killed on every exit path.
+
+Every child the harness starts (servers, the benchmark client, lm-eval) goes through :func:`spawn`, which registers
+it; :func:`stop_all` (called on normal exit, error, SIGINT and SIGTERM by :func:`cleanup_on_exit`) sends SIGTERM to
+each process group, waits ``grace_s``, then SIGKILLs what is left. No ``shell=True`` anywhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Mapping, Sequence
+
+_children: list[subprocess.Popen] = []
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path | None, *,
+          stdin: int | None = None, stdout: int | IO | None = None) -> subprocess.Popen:
+    """Start ``argv`` in a new session (its own process group) with exactly ``env``.
+
+    stdout/stderr go to ``log_path`` (appended) unless ``stdout`` is given (then stderr goes to the log).
+
+    Raises:
+        OSError: the executable does not exist or the log cannot be opened.
+    """
+    log = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 (closed with the child)
+    try:
+        proc = subprocess.Popen(
+            list(argv), env=dict(env), stdin=stdin, stdout=stdout if stdout is not None else log,
+            stderr=log if log_path is not None else subprocess.DEVNULL, start_new_session=True,
+        )
+    finally:
+        if log_path is not None:
+            log.close()
+    _children.append(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
+    """SIGTERM ``proc``'s process group, wait up to ``grace_s`` seconds, then SIGKILL it. Returns the exit code."""
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # The group may outlive its leader (vLLM's engine core, TP workers): kill whatever is left in it.
+    _signal_group(proc, signal.SIGKILL)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc in _children:
+        _children.remove(proc)
+    return proc.returncode
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all(grace_s: float = 20.0) -> None:
+    """Stop every child still registered (newest first)."""
+    for proc in reversed(list(_children)):
+        stop(proc, grace_s)
+
+
+def live_children() -> list[int]:
+    """PIDs of registered children still running (tests assert this is empty after a run)."""
+    return [proc.pid for proc in _children if proc.poll() is None]
+
+
+class Interrupted(Exception):
+    """Raised in the main thread on SIGTERM so that ``finally`` blocks run (SIGINT raises KeyboardInterrupt)."""
+
+
+def cleanup_on_exit() -> None:
+    """Install handlers: SIGTERM → :class:`Interrupted`; atexit → :func:`stop_all`."""
+    def _on_term(signum, frame):  # noqa: ARG001
+        raise Interrupted(f"received signal {signum}")
+
+    signal.signal(signal.SIGTERM, _on_term)
+    atexit.register(stop_all)
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:
+    """Poll ``predicate()`` until true or ``timeout_s`` elapses; returns whether it became true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())

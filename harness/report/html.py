@@ -1,0 +1,109 @@
+"""Render ``report.html`` for a run directory: jinja2 with autoescape on, figures embedded as data URIs.
+
+The page is self-contained (no network, no JavaScript; a Content-Security-Policy meta tag forbids both) and is
+re-buildable from the run directory alone.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+
+from harness import records
+from harness.report import plots
+from harness.report.metrics_table import DELTA_FORMULA, METRIC_BY_COLUMN, Summary, fmt_delta, fmt_value
+from harness.report.view import build_context
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+TEMPLATE = "report.html.j2"
+
+
+def _fmt_spread(summary: Summary) -> str:
+    """``min–max`` of a summary over repeats (empty when there is at most one repeat)."""
+    if summary.n <= 1 or summary.low is None or summary.high is None:
+        return ""
+    return f"{fmt_value(summary.low)}–{fmt_value(summary.high)}"
+
+
+def _fmt_count(summary: Summary) -> str:
+    if summary.value is None:
+        return "—"
+    text = f"{summary.value:g}"
+    if summary.n > 1 and summary.low != summary.high:
+        text += f" ({summary.low:g}–{summary.high:g})"
+    return text
+
+
+def _fmt_p(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "—"
+    if not math.isfinite(number):
+        return "—"
+    return f"{number:.3g}" if number >= 1e-3 else f"{number:.1e}"
+
+
+def environment() -> jinja2.Environment:
+    """The jinja2 environment of the report: autoescape on for every template, undefined names are errors."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(value=fmt_value, delta=fmt_delta, spread=_fmt_spread, num=_fmt_count, pvalue=_fmt_p)
+    return env
+
+
+def _verdict_intervals(verdict: Any) -> dict[tuple[str, int], tuple[float, float]]:
+    """``{(column, concurrency): (low %, high %)}`` from verdict cells that carry an interval on a levels.csv metric."""
+    intervals: dict[tuple[str, int], tuple[float, float]] = {}
+    if not isinstance(verdict, Mapping):
+        return intervals
+    for cell in verdict.get("cells") or []:
+        try:
+            key = (str(cell["metric"]), int(cell["concurrency"]))
+            low, high = float(cell["ci_low_pct"]), float(cell["ci_high_pct"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if key[0] in METRIC_BY_COLUMN and math.isfinite(low) and math.isfinite(high):
+            intervals[key] = (low, high)
+    return intervals
+
+
+def render_html(context: Mapping[str, Any]) -> str:
+    """Render the report page from a context built by :func:`harness.report.view.build_context`.
+
+    Adds the figures (see :mod:`harness.report.plots`). Returns the HTML text.
+
+    Raises:
+        jinja2.TemplateError: the template is missing or refers to a name the context lacks (a bug, not bad data).
+    """
+    figures = plots.make_plots(context["levels"], _verdict_intervals(context["sections"].get("verdict")))
+    return environment().get_template(TEMPLATE).render(**context, plots=figures, delta_formula=DELTA_FORMULA)
+
+
+def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> Path:
+    """Render ``run_dir/report.html`` from the run directory's stored files and return its path.
+
+    Works on partial run directories (one arm, failed or missing levels, no CSVs yet). The file is written atomically
+    (temp file + ``os.replace``). ``sections`` optionally fills the verdict/GSM8K/parity/MTP sections; see
+    :func:`harness.report.view.build_context` for their shapes.
+
+    Raises:
+        harness.records.RunDirError: ``run_dir`` is not a run directory, or its manifest/CSVs are unreadable.
+        OSError: ``run_dir`` is not writable.
+    """
+    run_dir = Path(run_dir)
+    html = render_html(build_context(run_dir, sections))
+    path = run_dir / records.REPORT
+    records.atomic_write_text(path, html)
+    # atomic_write_text's temp file is created 0600; a report is meant to be read (and served) by others.
+    os.chmod(path, 0o644)
+    return path

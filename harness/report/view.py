@@ -1,0 +1,555 @@
+"""Turn a run directory into the plain data the report template shows (the "view model").
+
+Reads only through :mod:`harness.records` (manifest, ``levels.csv``, ``requests.csv``) and the file listing of ``raw/``
+and ``logs/``; writes nothing. Every field tolerates a partial run: a manifest key, an arm, a level or a CSV that is
+missing yields "not run"/"—" in the page instead of an exception.
+
+Sections that later issues fill (verdict with intervals, GSM8K per arm with McNemar, output parity, MTP acceptance)
+are passed in as plain dicts through ``sections=``; see :data:`SECTION_KEYS` and :func:`build_context`. Without them
+the page says "not measured in this run".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness import records
+from harness.report.metrics_table import (
+    ARMS,
+    BASELINE,
+    CANDIDATE,
+    METRICS,
+    Metric,
+    Summary,
+    delta_class,
+    delta_pct,
+    summarize,
+)
+
+SECTION_KEYS: tuple[str, ...] = ("verdict", "gsm8k", "parity", "mtp")
+"""Optional sections the template renders when given data (see :func:`build_context` for their shapes)."""
+
+_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One metric at one level: baseline and candidate summaries over repeats, and Δ % of their medians."""
+
+    metric: Metric
+    baseline: Summary
+    candidate: Summary
+    delta: float | None
+    delta_class: str
+
+
+@dataclass(frozen=True)
+class ArmLevel:
+    """What one arm did at one level: status from the manifest, load facts from the CSVs."""
+
+    status: str                 # "done", "failed: <reason>", "skipped", "not run", or "r0: done; r1: failed: …"
+    status_class: str           # "ok" | "failed" | "missing"
+    status_short: str           # the word before the reason: "done", "failed", "skipped", "pending", "not run", "mixed"
+    repeats: int                # rows in levels.csv
+    completed: Summary
+    failed: Summary
+    duration_s: Summary
+    max_concurrent: Summary
+    client_cpu_util: Summary    # benchmark client CPU seconds / level wall seconds
+    requests: int               # rows in requests.csv
+    request_errors: int
+    output_len_range: str       # server-counted output tokens of successful requests, "min–max"
+    errors: list[tuple[str, int]]  # distinct error messages with counts, most frequent first (at most 5)
+
+
+@dataclass(frozen=True)
+class LevelView:
+    """One concurrency level: per-arm facts and the metric rows of its table."""
+
+    concurrency: int
+    arms: dict[str, ArmLevel]
+    rows: list[MetricRow]
+    max_repeats: int
+
+    @property
+    def anchor(self) -> str:
+        """HTML id of the level's section."""
+        return f"level-c{self.concurrency}"
+
+    @property
+    def has_data(self) -> bool:
+        """Whether any arm has a ``levels.csv`` row at this level."""
+        return any(arm.repeats for arm in self.arms.values())
+
+
+@dataclass(frozen=True)
+class PathRow:
+    """One key of the intended vs observed execution path of an arm."""
+
+    key: str
+    intended: str
+    observed: str
+    mismatch: bool
+
+
+@dataclass
+class ArmView:
+    """An arm as configured and attested in the manifest."""
+
+    name: str
+    present: bool
+    route: str = "—"
+    description: str = ""
+    decision_items: list[tuple[str, str]] = field(default_factory=list)
+    decision_reasons: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    server_command: str = ""
+    server_env: list[tuple[str, str]] = field(default_factory=list)
+    reproduce: str = ""
+    bench_command: str = ""
+    path_rows: list[PathRow] = field(default_factory=list)
+    attestation: str = "unknown"       # "valid" | "INVALID" | "unknown"
+    mismatches: list[str] = field(default_factory=list)
+    server_start_s: float | None = None
+    base_url: str = ""
+
+
+@dataclass(frozen=True)
+class Banner:
+    """A line shown at the top of the page; ``kind`` is a CSS class: "invalid", "warn" or "info"."""
+
+    kind: str
+    text: str
+
+
+class _Lenient(dict):
+    """A section dict whose missing keys read as ``None``, so a producer may leave optional fields out."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def _lenient(value: Any) -> Any:
+    """Copy ``value`` with every mapping turned into a :class:`_Lenient` (lists and tuples walked)."""
+    if isinstance(value, Mapping):
+        return _Lenient({str(k): _lenient(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return [_lenient(v) for v in value]
+    return value
+
+
+def _show(value: Any) -> str:
+    """A manifest value as text: strings as they are, ``None`` as ``—``, anything else as compact JSON."""
+    if value is None:
+        return "—"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        return None
+    return result if math.isfinite(result) else None
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not token[1].isdigit() and token[1] != "."
+
+
+def _flag_groups(argv: Any) -> list[list[str]]:
+    """Split an argv list into groups: the leading positionals, then one group per flag with its values."""
+    groups: list[list[str]] = [[]]
+    for token in (str(part) for part in (argv if isinstance(argv, (list, tuple)) else [])):
+        if _is_flag(token) and groups[-1]:
+            groups.append([])
+        groups[-1].append(token)
+    return [group for group in groups if group]
+
+
+def _argv(value: Any) -> str:
+    """An argv list as shell-quoted, copy-pastable text: one ``--flag value`` per line, joined by `` \\``.
+
+    A string is shown as it is.
+    """
+    if not isinstance(value, (list, tuple)):
+        return _show(value) if value else ""
+    return " \\\n  ".join(" ".join(shlex.quote(token) for token in group) for group in _flag_groups(value))
+
+
+_VOLATILE_FLAGS = ("--port", "--base-url", "--result-filename", "--result-dir")
+"""Flags that differ between arms by construction (ports, file names); left out of the arm comparison."""
+
+
+def arm_differences(arms_manifest: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """What differs between the baseline and candidate launch: ``(what, baseline, candidate)`` rows.
+
+    Compares server flags (ports and result paths excluded), server environment and benchmark flags. Empty when the
+    arms launch identically (the caller warns: two identical arms compare nothing) or when an arm is missing.
+    """
+    base, cand = arms_manifest.get(BASELINE), arms_manifest.get(CANDIDATE)
+    if not isinstance(base, Mapping) or not isinstance(cand, Mapping):
+        return []
+    rows: list[tuple[str, str, str]] = []
+    for field_name, label in (("server_command", "server"), ("bench_command", "benchmark")):
+        groups = [
+            {group[0]: " ".join(group[1:])
+             for group in _flag_groups(arm.get(field_name)) if group[0] not in _VOLATILE_FLAGS}
+            for arm in (base, cand)
+        ]
+        for key in list(groups[0]) + [k for k in groups[1] if k not in groups[0]]:
+            left, right = groups[0].get(key), groups[1].get(key)
+            if left != right:
+                rows.append((f"{label} {key}", "absent" if left is None else (left or "(set)"),
+                             "absent" if right is None else (right or "(set)")))
+    envs = [arm.get("server_env") if isinstance(arm.get("server_env"), Mapping) else {} for arm in (base, cand)]
+    for key in sorted(set(envs[0]) | set(envs[1])):
+        left, right = envs[0].get(key), envs[1].get(key)
+        if left != right:
+            rows.append((f"env {key}", "unset" if left is None else str(left),
+                         "unset" if right is None else str(right)))
+    return rows
+
+
+def model_label(manifest: Mapping[str, Any]) -> str:
+    """The model the run served, from the resolved scenario (``model.path``/``id``/``name``, or a plain string)."""
+    scenario = manifest.get("scenario") or {}
+    model = scenario.get("model") if isinstance(scenario, Mapping) else None
+    if isinstance(model, Mapping):
+        for key in ("path", "id", "name"):
+            if model.get(key):
+                return str(model[key])
+        return _show(model)
+    return str(model) if model else "—"
+
+
+def model_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The scenario's model block as (key, value) pairs, for the header."""
+    scenario = manifest.get("scenario") or {}
+    model = scenario.get("model") if isinstance(scenario, Mapping) else None
+    if isinstance(model, Mapping):
+        return [(str(key), _show(value)) for key, value in model.items()]
+    return []
+
+
+def _level_statuses(arm: Mapping[str, Any]) -> dict[int, list[tuple[int, str]]]:
+    """``{concurrency: [(repeat, status), ...]}`` from an arm's manifest ``levels`` map (unparseable keys skipped)."""
+    result: dict[int, list[tuple[int, str]]] = {}
+    levels = arm.get("levels") or {}
+    if not isinstance(levels, Mapping):
+        return result
+    for key, info in levels.items():
+        match = _LEVEL_KEY.match(str(key))
+        if not match:
+            continue
+        status = info.get("status") if isinstance(info, Mapping) else info
+        result.setdefault(int(match.group(1)), []).append((int(match.group(2)), str(status or "unknown")))
+    for entries in result.values():
+        entries.sort()
+    return result
+
+
+def _status_text(entries: list[tuple[int, str]]) -> tuple[str, str, str]:
+    """(full text, CSS class, short word) of a level's manifest statuses over its repeats."""
+    if not entries:
+        return "not run", "missing", "not run"
+    statuses = [status for _, status in entries]
+    if len(set(statuses)) == 1:
+        text, short = statuses[0], statuses[0].split(":")[0]
+    else:
+        text = "; ".join(f"r{repeat}: {status}" for repeat, status in entries)
+        short = "mixed"
+    if all(status == "done" for status in statuses):
+        return text, "ok", short
+    if any(status.startswith("failed") for status in statuses):
+        return text, "failed", short
+    return text, "missing", short
+
+
+def _level_universe(manifest: Mapping[str, Any], levels, requests) -> list[int]:
+    """Every concurrency the run declared or touched: scenario workload, manifest level keys and both CSVs."""
+    found: set[int] = set()
+    scenario = manifest.get("scenario") or {}
+    workload = scenario.get("workload") if isinstance(scenario, Mapping) else None
+    declared = workload.get("concurrency") if isinstance(workload, Mapping) else None
+    if isinstance(declared, (list, tuple)):
+        found.update(int(c) for c in declared if isinstance(c, (int, float)) and not isinstance(c, bool))
+    for arm in (manifest.get("arms") or {}).values():
+        if isinstance(arm, Mapping):
+            found.update(_level_statuses(arm))
+    for frame in (levels, requests):
+        if len(frame):
+            found.update(int(c) for c in frame["concurrency"].dropna().unique())
+    return sorted(found)
+
+
+def _request_facts(frame) -> tuple[int, int, str, list[tuple[str, int]]]:
+    if not len(frame):
+        return 0, 0, "—", []
+    # The column is float (all NaN) when no request failed, so map cell by cell instead of fillna("").
+    errors = frame["error"].map(lambda v: "" if _float(v) is None and not isinstance(v, str) else str(v)).str.strip()
+    bad = errors != ""
+    ok_lens = frame.loc[~bad, "output_len"].dropna()
+    if len(ok_lens):
+        low, high = int(ok_lens.min()), int(ok_lens.max())
+        length_range = f"{low}" if low == high else f"{low}–{high}"
+    else:
+        length_range = "—"
+    counts = errors[bad].value_counts()
+    distinct = [(str(message), int(count)) for message, count in counts.head(5).items()]
+    return len(frame), int(bad.sum()), length_range, distinct
+
+
+def _summary_of(frame, column: str) -> Summary:
+    # A column the schema does not have (yet, or any more) reads as "not measured", never as an error.
+    if not len(frame) or column not in frame.columns:
+        return Summary(None, None, None, 0)
+    return summarize([_float(v) if _float(v) is not None else float("nan") for v in frame[column].tolist()])
+
+
+def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelView]:
+    """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
+
+    ``levels``/``requests`` are the frames from :func:`harness.records.read_table`.
+    """
+    arms_manifest = manifest.get("arms") or {}
+    statuses = {
+        arm: _level_statuses(arms_manifest.get(arm) or {}) if isinstance(arms_manifest.get(arm), Mapping) else {}
+        for arm in ARMS
+    }
+    views = []
+    for concurrency in _level_universe(manifest, levels, requests):
+        per_arm: dict[str, ArmLevel] = {}
+        frames = {}
+        for arm in ARMS:
+            rows = levels[(levels["arm"] == arm) & (levels["concurrency"] == concurrency)] if len(levels) else levels
+            reqs = (requests[(requests["arm"] == arm) & (requests["concurrency"] == concurrency)]
+                    if len(requests) else requests)
+            frames[arm] = rows
+            status, status_class, short = _status_text(statuses[arm].get(concurrency, []))
+            if status == "not run" and len(rows):
+                status, status_class, short = "done (no manifest status)", "ok", "done"
+            n_requests, n_errors, length_range, errors = _request_facts(reqs)
+            per_arm[arm] = ArmLevel(
+                status=status, status_class=status_class, status_short=short, repeats=len(rows),
+                completed=_summary_of(rows, "completed"), failed=_summary_of(rows, "failed"),
+                duration_s=_summary_of(rows, "duration_s"),
+                max_concurrent=_summary_of(rows, "max_concurrent_requests"),
+                client_cpu_util=_summary_of(rows, "client_cpu_util"),
+                requests=n_requests, request_errors=n_errors, output_len_range=length_range, errors=errors,
+            )
+        metric_rows = []
+        for metric in METRICS:
+            base = _summary_of(frames[BASELINE], metric.column)
+            cand = _summary_of(frames[CANDIDATE], metric.column)
+            delta = delta_pct(base.value, cand.value)
+            metric_rows.append(MetricRow(metric, base, cand, delta, delta_class(metric, delta)))
+        views.append(LevelView(concurrency, per_arm, metric_rows, max(a.repeats for a in per_arm.values())))
+    return views
+
+
+def build_arm(name: str, arm: Any) -> ArmView:
+    """An :class:`ArmView` from the manifest's ``arms[name]`` (``present=False`` when the arm is absent)."""
+    if not isinstance(arm, Mapping):
+        return ArmView(name=name, present=False)
+    decision = arm.get("decision") or {}
+    reasons: list[str] = []
+    items: list[tuple[str, str]] = []
+    if isinstance(decision, Mapping):
+        for key, value in decision.items():
+            if key == "reasons" and isinstance(value, (list, tuple)):
+                reasons = [_show(reason) for reason in value]
+            else:
+                items.append((str(key), _show(value)))
+    elif decision:
+        items.append(("decision", _show(decision)))
+    env = arm.get("server_env") or {}
+    env_items = sorted((str(k), _show(v)) for k, v in env.items()) if isinstance(env, Mapping) else []
+    command = _argv(arm.get("server_command"))
+    assignments = [f"{key}={shlex.quote(value)}" for key, value in env_items]
+    reproduce = " \\\n".join(assignments + ([command] if command else []))
+    intended = arm.get("intended") or {}
+    observed = arm.get("observed") or {}
+    intended = intended if isinstance(intended, Mapping) else {}
+    observed = observed if isinstance(observed, Mapping) else {}
+    attestation = arm.get("attestation") or {}
+    mismatches = [_show(m) for m in (attestation.get("mismatches") or [])] if isinstance(attestation, Mapping) else []
+    mismatch_text = " ".join(mismatches)
+    path_rows = []
+    for key in list(intended) + [k for k in observed if k not in intended]:
+        want, got = intended.get(key), observed.get(key)
+        differs = key in intended and key in observed and want != got
+        path_rows.append(PathRow(
+            key=str(key), intended=_show(want) if key in intended else "—",
+            observed=_show(got) if key in observed else "not observed",
+            mismatch=differs or (bool(mismatches) and str(key) in mismatch_text),
+        ))
+    valid = attestation.get("valid") if isinstance(attestation, Mapping) else None
+    return ArmView(
+        name=name, present=True, route=_show(arm.get("route")), description=_show(arm.get("description") or ""),
+        decision_items=items, decision_reasons=reasons,
+        unavailable=[_show(u) for u in (arm.get("unavailable") or [])],
+        server_command=command, server_env=env_items, reproduce=reproduce,
+        bench_command=_argv(arm.get("bench_command")), path_rows=path_rows,
+        attestation="valid" if valid is True else ("INVALID" if valid is False or mismatches else "unknown"),
+        mismatches=mismatches, server_start_s=_float(arm.get("server_start_s")),
+        base_url=_show(arm.get("base_url") or ""),
+    )
+
+
+def _timing(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Harness timing rows: wall, server start, benchmark, client import, overhead, each with its share of wall."""
+    timing = manifest.get("timing") or {}
+    if not isinstance(timing, Mapping) or not timing:
+        return []
+    wall = _float(timing.get("wall_s"))
+    rows = []
+    for key, label in (("wall_s", "Wall time"), ("server_start_s", "Server start (both arms)"),
+                       ("benchmark_s", "Benchmark (measured load, incl. warmups)"),
+                       ("client_import_s", "Benchmark client import (once)"),
+                       ("harness_overhead_s", "Harness overhead")):
+        if key not in timing and key == "client_import_s":
+            continue
+        value = _float(timing.get(key))
+        text = "—" if value is None else f"{value:,.1f} s"
+        if value is not None and wall and key != "wall_s":
+            text += f" ({value / wall * 100:.1f} % of wall)"
+        rows.append((label, text))
+    share = _float(timing.get("harness_share"))
+    overhead = _float(timing.get("harness_overhead_s"))
+    if share is None and overhead is not None and wall:
+        share = overhead / wall
+    rows.append(("Harness share", "—" if share is None else f"{share * 100:.1f} %"))
+    return rows
+
+
+def _schedule(manifest: Mapping[str, Any]) -> str:
+    """The run order from the manifest's ``schedule`` ([arm, concurrency, repeat] items) as one line."""
+    items = manifest.get("schedule")
+    if not isinstance(items, list):
+        return ""
+    parts = []
+    for item in items:
+        if isinstance(item, (list, tuple)) and len(item) == 3:
+            parts.append(f"{item[0]} c{item[1]} r{item[2]}")
+    return " → ".join(parts)
+
+
+def _banners(manifest: Mapping[str, Any], arms: list[ArmView], levels: list[LevelView],
+             differences: list[tuple[str, str, str]]) -> list[Banner]:
+    banners = []
+    if all(arm.present for arm in arms) and not differences:
+        banners.append(Banner("warn", "The two arms have identical server commands, environments and benchmark "
+                                      "commands: this run compares a path with itself (fine for an A/A check only)."))
+    for arm in arms:
+        if arm.attestation == "INVALID":
+            detail = "; ".join(arm.mismatches) or "attestation.valid is false"
+            banners.append(Banner("invalid", f"INVALID: the {arm.name} arm did not run its intended path ({detail})."))
+    status = manifest.get("status")
+    if status != "done":
+        banners.append(Banner("warn", f"Partial run: run status is '{_show(status)}'; figures cover what finished."))
+    for arm in arms:
+        if not arm.present:
+            banners.append(Banner("warn", f"The {arm.name} arm is missing from the manifest (not started)."))
+    troubled = [
+        f"c={level.concurrency} {name}: {info.status}"
+        for level in levels for name, info in level.arms.items() if info.status_class != "ok"
+    ]
+    if troubled:
+        banners.append(Banner("warn", "Levels not completed: " + "; ".join(troubled) + "."))
+    return banners
+
+
+def _files(run_dir: Path) -> list[tuple[str, int]]:
+    found = []
+    for sub in (records.RAW_DIR, records.LOGS_DIR):
+        folder = run_dir / sub
+        if folder.is_dir():
+            found.extend((f"{sub}/{p.name}", p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
+    return found
+
+
+def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything the template needs, read from ``run_dir``.
+
+    ``sections`` optionally fills the later-issue sections (each key absent or ``None`` → "not measured in this run";
+    a string → "not measured" with that reason). Shapes (all values plain, all strings escaped by the template):
+
+    - ``verdict``: ``{"overall": "PASS"|"FAIL"|"INCONCLUSIVE"|"INVALID", "policy": str, "cells": [{"concurrency",
+      "metric", "delta_pct", "ci_low_pct", "ci_high_pct", "margin_pct", "result", "note"}]}``; cells whose metric is a
+      ``levels.csv`` column also give the Δ % plot its error bars.
+    - ``gsm8k``: ``{"arms": [{"arm", "filter", "accuracy_pct", "stderr_pct", "n"}], "paired": [{"filter",
+      "difference_pts", "baseline_only", "candidate_only", "p_value"}], "reference": str}``.
+    - ``parity``: ``{"exact_match_rate_pct", "prompts_total", "tolerance", "divergences": [{"prompt_index", "prompt",
+      "position", "max_logprob_diff", "margin", "near_tie"}]}``.
+    - ``mtp``: ``{"rows": [{"concurrency", "arm", "acceptance_rate_pct", "acceptance_length", "per_position"}],
+      "reference": str}``.
+
+    Raises:
+        RunDirError: the manifest is missing/unreadable, or a CSV exists but is unreadable or lacks a column.
+    """
+    run_dir = Path(run_dir)
+    manifest = records.read_manifest(run_dir)
+    if not isinstance(manifest, dict):
+        raise records.RunDirError(f"{run_dir / records.MANIFEST}: not a JSON object; the file is corrupted")
+    levels = records.read_table(run_dir, records.LEVELS, records.LEVEL_COLUMNS)
+    requests = records.read_table(run_dir, records.REQUESTS, records.REQUEST_COLUMNS)
+    arms_manifest = manifest.get("arms") or {}
+    arms = [build_arm(name, arms_manifest.get(name) if isinstance(arms_manifest, Mapping) else None) for name in ARMS]
+    level_views = build_levels(manifest, levels, requests)
+    differences = arm_differences(arms_manifest if isinstance(arms_manifest, Mapping) else {})
+    started, ended = _parse_time(manifest.get("started_at")), _parse_time(manifest.get("ended_at"))
+    elapsed = f"{(ended - started).total_seconds():,.0f} s" if started and ended else "—"
+    platform = manifest.get("platform") or {}
+    versions = manifest.get("versions") or {}
+    scenario = manifest.get("scenario")
+    given = dict(sections or {})
+    unknown = set(given) - set(SECTION_KEYS)
+    if unknown:
+        raise ValueError(f"unknown report sections {sorted(unknown)}; expected a subset of {SECTION_KEYS}")
+    return {
+        "run_id": _show(manifest.get("run_id") or run_dir.name),
+        "status": _show(manifest.get("status")),
+        "schema_version": _show(manifest.get("schema_version")),
+        "started_at": _show(manifest.get("started_at")),
+        "ended_at": _show(manifest.get("ended_at")),
+        "elapsed": elapsed,
+        "scenario_name": _show(manifest.get("scenario_name")),
+        "scenario_file": _show(manifest.get("scenario_file")),
+        "scenario_json": json.dumps(scenario, indent=2, default=str) if scenario is not None else "",
+        "model": model_label(manifest),
+        "model_details": model_details(manifest),
+        "platform": [(str(k), _show(v)) for k, v in platform.items()] if isinstance(platform, Mapping) else [],
+        "platform_name": _show(platform.get("name")) if isinstance(platform, Mapping) else "—",
+        "device": _show(platform.get("device")) if isinstance(platform, Mapping) else "—",
+        "versions": [(str(k), _show(v)) for k, v in versions.items()] if isinstance(versions, Mapping) else [],
+        "git_sha": _show(manifest.get("git_sha")),
+        "notes": [_show(note) for note in (manifest.get("notes") or [])],
+        "timing": _timing(manifest),
+        "schedule": _schedule(manifest),
+        "arms": arms,
+        "levels": level_views,
+        "differences": differences,
+        "banners": _banners(manifest, arms, level_views, differences),
+        "files": _files(run_dir),
+        "metrics": METRICS,
+        "sections": {key: _lenient(given.get(key)) for key in SECTION_KEYS},
+    }

@@ -1,0 +1,276 @@
+"""Orchestration: plan → servers → load levels → records on disk → report. The only module that runs a comparison.
+
+Every finished level is on disk (atomic writes) before the next one starts, and ``manifest.json`` says what is done,
+failed or skipped, so a crash or Ctrl-C leaves a readable run directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness import attest, machine as machine_mod, procs, records
+from harness.load import LevelError, LoadClient, parse_bench_result, read_bench_json
+from harness.plan import ArmPlan, Plan, level_filename, level_key
+from harness.scenario import REPO_ROOT
+from harness.server import ServerError, VllmServer, free_port, scrape_metrics
+
+# Never written to the run directory or logs: any variable whose name contains one of these.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+class RunError(RuntimeError):
+    """The run could not start (bad output dir, …); ``str(error)`` is one line for the user (exit code 2)."""
+
+
+@dataclass
+class RunOptions:
+    """How to run: output dir and failure policy."""
+
+    out_dir: Path
+    continue_on_error: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with values of secret-looking variables (API keys, tokens) replaced by ``<redacted>``."""
+    return {k: ("<redacted>" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
+
+
+def schedule(plan: Plan) -> list[tuple[str, int, int]]:
+    """(arm, concurrency, repeat) in run order.
+
+    Sequential servers: ABBA blocks over repeats (r0: A then B; r1: B then A; …), each block all levels of one arm.
+    Concurrent servers: both arms stay up and alternate per level in ABBA order, so drift hits both arms alike.
+    """
+    names = [arm.name for arm in plan.arms]
+    order: list[tuple[str, int, int]] = []
+    work = plan.scenario.workload
+    if plan.scenario.serve.concurrent_servers:
+        step = 0
+        for repeat in range(work.repeats):
+            for concurrency in work.concurrency:
+                pair = names if step % 2 == 0 else names[::-1]
+                order += [(name, concurrency, repeat) for name in pair]
+                step += 1
+    else:
+        for repeat in range(work.repeats):
+            for name in (names if repeat % 2 == 0 else names[::-1]):
+                order += [(name, concurrency, repeat) for concurrency in work.concurrency]
+    return order
+
+
+def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
+    """Create ``out_dir/<UTC timestamp>-<scenario>`` and prove it is writable.
+
+    Raises:
+        RunError: the directory cannot be created or written (nothing has been started).
+    """
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{scenario_name}"
+    run_dir = out_dir / run_id
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+        records.atomic_write_text(run_dir / ".write-test", "ok")
+        (run_dir / ".write-test").unlink()
+    except OSError as error:
+        raise RunError(f"cannot write results to {run_dir} ({error.strerror or error}); "
+                       f"pass a writable directory with --out") from None
+    return run_dir
+
+
+class Runner:
+    """Runs one comparison into ``run_dir``. Use :meth:`run`."""
+
+    def __init__(self, plan: Plan, run_dir: Path, options: RunOptions, console: Console | None = None):
+        self.plan = plan
+        self.run_dir = run_dir
+        self.options = options
+        self.console = console or Console(stderr=True)
+        self.servers: dict[str, VllmServer] = {}
+        self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
+        self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "client_import_s": 0.0}
+        self.manifest = self._initial_manifest()
+
+    # ----------------------------------------------------------------------------------------------- manifest
+    def _initial_manifest(self) -> dict[str, Any]:
+        plan = self.plan
+        arms = {}
+        for arm in plan.arms:
+            arms[arm.name] = {
+                "route": arm.route, "description": arm.description, "decision": arm.decision,
+                "unavailable": list(arm.unavailable),
+                "server_command": arm.server_argv("<port>"), "server_env": redact_env(arm.server_env),
+                "bench_command": plan.bench_argv(arm, 0, 0, "http://127.0.0.1:<port>", self.run_dir / records.RAW_DIR),
+                "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
+                "server_start_s": None, "base_url": None,
+                "levels": {level_key(c, r): {"status": "pending"} for c, r in plan.levels()},
+            }
+        return {
+            "schema_version": records.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
+            "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
+            "scenario": plan.scenario.model_dump(mode="json"), "platform": plan.machine.to_dict(),
+            "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
+            "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
+            "timing": {},
+        }
+
+    def _save(self) -> None:
+        records.atomic_write_json(self.run_dir / records.MANIFEST, self.manifest)
+
+    def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
+        return self.manifest["arms"][arm]["levels"][level_key(concurrency, repeat)]
+
+    # ----------------------------------------------------------------------------------------------- servers
+    def _server_env(self, arm: ArmPlan) -> dict[str, str]:
+        return {**os.environ, **arm.server_env}
+
+    def _start_server(self, arm: ArmPlan) -> VllmServer:
+        port = free_port()
+        server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
+                            self.run_dir / records.LOGS_DIR / f"{arm.name}-server.log",
+                            api_key=os.environ.get("VLLM_API_KEY"))
+        self.console.print(f"[bold]{arm.name}[/]: starting vllm serve on port {port} (log {server.log_path})")
+        ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        self.timing["server_start_s"] += ready_s
+        entry = self.manifest["arms"][arm.name]
+        entry["server_start_s"] = round(ready_s, 2)
+        entry["base_url"] = server.base_url
+        observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
+        mismatches = attest.compare_paths(arm.intended, observed)
+        entry["observed"] = observed
+        entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
+        self._save()
+        self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
+                           + (f" — [red]path mismatch: {'; '.join(mismatches)}[/]" if mismatches else ""))
+        return server
+
+    def _server_for(self, arm: ArmPlan) -> VllmServer | None:
+        if not self.plan.scenario.serve.concurrent_servers:
+            for name in [n for n in self.servers if n != arm.name]:
+                self.servers.pop(name).stop()
+        server = self.servers.get(arm.name)
+        if server is not None and server.alive():
+            return server
+        if server is not None:
+            self.dead_arms[arm.name] = "server died"
+            return None
+        try:
+            self.servers[arm.name] = self._start_server(arm)
+        except ServerError as error:
+            self.dead_arms[arm.name] = f"server failed to start: {str(error).splitlines()[0]}"
+            self.console.print(f"[red]{arm.name}: {error}[/]")
+            self.servers.pop(arm.name, None)
+            return None
+        return self.servers[arm.name]
+
+    # ----------------------------------------------------------------------------------------------- levels
+    def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer, concurrency: int, repeat: int,
+                   progress: Progress, task) -> None:
+        raw_dir = self.run_dir / records.RAW_DIR
+        raw_dir.mkdir(exist_ok=True)
+        argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir)
+        total = self.plan.scenario.workload.num_prompts(concurrency) + self.plan.scenario.workload.warmups
+        before = _successes(server)
+        progress.update(task, description=f"{arm.name} c={concurrency} r={repeat}", total=total, completed=0)
+
+        def tick() -> None:
+            progress.update(task, completed=max(0.0, _successes(server) - before))
+
+        reply = client.run(argv, self.run_dir / records.LOGS_DIR / f"{arm.name}-bench.log",
+                           self.plan.scenario.workload.level_timeout_s, on_tick=tick)
+        self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
+        if not reply["ok"]:
+            raise LevelError(f"benchmark failed: {reply['error']}")
+        if not server.alive():
+            raise LevelError("server died during the level")
+        raw = raw_dir / level_filename(arm.name, concurrency, repeat)
+        level_row, request_rows = parse_bench_result(read_bench_json(raw), arm.name, concurrency, repeat)
+        level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
+        records.append_rows(self.run_dir / records.REQUESTS, request_rows, records.REQUEST_COLUMNS)
+        records.append_rows(self.run_dir / records.LEVELS, [level_row], records.LEVEL_COLUMNS)
+        progress.update(task, completed=total)
+        self.console.print(f"{arm.name} c={concurrency} r={repeat}: {level_row['completed']} ok, "
+                           f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
+                           f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
+
+    def run(self) -> dict[str, Any]:
+        """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""
+        started = time.monotonic()
+        self._save()
+        arms = {arm.name: arm for arm in self.plan.arms}
+        client = LoadClient(dict(os.environ), self.run_dir / records.LOGS_DIR / "bench-client.log")
+        (self.run_dir / records.LOGS_DIR).mkdir(exist_ok=True)
+        status = "failed"
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                          TimeElapsedColumn(), console=self.console, transient=True) as progress:
+                task = progress.add_task("starting", total=None)
+                for name, concurrency, repeat in schedule(self.plan):
+                    entry = self._level(name, concurrency, repeat)
+                    if name in self.dead_arms:
+                        entry["status"] = f"skipped: {self.dead_arms[name]}"
+                        self._save()
+                        continue
+                    server = self._server_for(arms[name])
+                    if server is None:
+                        entry["status"] = f"failed: {self.dead_arms[name]}"
+                        self._save()
+                        continue
+                    level_started = time.monotonic()
+                    try:
+                        self._run_level(client, arms[name], server, concurrency, repeat, progress, task)
+                        entry["status"] = "done"
+                    except (LevelError, ValueError) as error:
+                        entry["status"] = f"failed: {error}"
+                        self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {error}[/]")
+                        if not server.alive():
+                            self.dead_arms[name] = "server died"
+                        elif not self.options.continue_on_error:
+                            self.dead_arms[name] = "an earlier level failed (use --continue-on-error to go on)"
+                    entry["wall_s"] = round(time.monotonic() - level_started, 2)
+                    entry["raw"] = f"{records.RAW_DIR}/{level_filename(name, concurrency, repeat)}"
+                    self._save()
+            all_done = all(level["status"] == "done" for arm in self.manifest["arms"].values()
+                           for level in arm["levels"].values())
+            status = "done" if all_done else "failed"
+        except (KeyboardInterrupt, procs.Interrupted):
+            status = "interrupted"
+            raise
+        finally:
+            client.close()
+            for server in self.servers.values():
+                server.stop()
+            self.timing["client_import_s"] = client.import_s
+            wall = time.monotonic() - started
+            measured = self.timing["server_start_s"] + self.timing["benchmark_s"]
+            self.manifest["timing"] = {
+                "wall_s": round(wall, 2), **{k: round(v, 2) for k, v in self.timing.items()},
+                "harness_overhead_s": round(wall - measured, 2),
+                "harness_share": round((wall - measured) / wall, 4) if wall > 0 else None,
+            }
+            for arm in self.manifest["arms"].values():
+                for level in arm["levels"].values():
+                    if level["status"] == "pending":
+                        level["status"] = "skipped: run stopped before this level"
+            self.manifest["status"] = status
+            self.manifest["ended_at"] = _now()
+            self._save()
+        return self.manifest
+
+
+def _successes(server: VllmServer) -> float:
+    try:
+        samples = scrape_metrics(server.base_url, server.headers)
+        return sum(v for k, v in samples.items() if k.split("{")[0] == "vllm:request_success_total")
+    except Exception:  # noqa: BLE001 — progress display only
+        return 0.0

@@ -1,0 +1,257 @@
+"""Scenarios: a run is a TOML file in ``scenarios/``; CLI flags only override it.
+
+A scenario is validated into frozen pydantic models. Every error names the file, the key and the fix, in one line
+(:class:`ScenarioError`). Loading is pure (reads one file, no processes, no network).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from harness.verdict import GatePolicy
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS_DIR = REPO_ROOT / "scenarios"
+
+# dsa-bench quantization names → vLLM `--quantization` values. Source: vllm/model_executor/layers/quantization/
+# __init__.py (QuantizationMethods, vLLM 0.32); NVFP4 checkpoints (ModelOpt) load as "modelopt_fp4".
+QUANTIZATIONS: dict[str, str | None] = {
+    "none": None,
+    "fp8": "fp8",
+    "nvfp4": "modelopt_fp4",
+    "modelopt_fp4": "modelopt_fp4",
+    "mxfp4": "mxfp4",
+}
+
+# Source: vllm/config/cache.py CacheDType (vLLM 0.32), the subset that applies to MLA/DSA models.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla")
+
+# Architectures dsa-bench knows how to serve (DeepSeek MLA family). Source: vllm/model_executor/models/registry.py.
+ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
+
+
+class ScenarioError(ValueError):
+    """A scenario file or override is invalid; ``str(error)`` is the one-line message for the user."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(_Frozen):
+    """The model under test.
+
+    ``id`` is a local path, a Hugging Face id, or ``generated:<name>`` for a model dsa-bench makes itself
+    (:func:`harness.tinymodel.ensure_tiny_model`). ``hf_config_path`` (relative to ``scenarios/``) ships the
+    config.json for dummy-weight runs so no hub access is needed for the config.
+    """
+
+    id: str
+    architecture: str
+    load_format: Literal["auto", "dummy", "safetensors"] = "auto"
+    tokenizer: str | None = None
+    hf_config_path: str | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: int = Field(gt=0)
+
+    @field_validator("architecture")
+    @classmethod
+    def _known_architecture(cls, value: str) -> str:
+        if value not in ARCHITECTURES:
+            raise ValueError(f"unknown architecture {value!r}; use one of {', '.join(ARCHITECTURES)}")
+        return value
+
+
+class ServeSpec(_Frozen):
+    """Options shared by both arms' ``vllm serve`` (arms add their own on top)."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    chunked_prefill: bool = True
+    concurrent_servers: bool = False
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("quantization")
+    @classmethod
+    def _known_quantization(cls, value: str) -> str:
+        if value not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {value!r}; use one of {', '.join(QUANTIZATIONS)}")
+        return value
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _known_kv_cache_dtype(cls, value: str) -> str:
+        if value not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {value!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
+        return value
+
+    @property
+    def vllm_quantization(self) -> str | None:
+        """The value for vLLM's ``--quantization`` (None: not passed)."""
+        return QUANTIZATIONS[self.quantization]
+
+
+class ArmSpec(_Frozen):
+    """One side of the comparison: which routing path it pins, plus arm-only extra args and env."""
+
+    route: Literal["baseline", "candidate"]
+    description: str = ""
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class WorkloadSpec(_Frozen):
+    """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
+
+    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``.
+    """
+
+    concurrency: tuple[int, ...]
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=1)
+    prompts_per_concurrency: int = Field(default=8, gt=0)
+    min_prompts: int = Field(default=16, gt=0)
+    warmups: int = Field(default=2, ge=0)
+    seed: int = 0
+    repeats: int = Field(default=1, ge=1)
+    level_timeout_s: float = Field(default=1800.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_levels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("needs at least one concurrency level, e.g. [1, 2, 4]")
+        bad = [level for level in value if level < 1]
+        if bad:
+            raise ValueError(f"concurrency levels must be ≥ 1, got {bad}")
+        return tuple(sorted(set(value)))
+
+    def num_prompts(self, concurrency: int) -> int:
+        """Requests sent at ``concurrency`` (warmups excluded)."""
+        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+
+
+class MtpSpec(_Frozen):
+    """Multi-token prediction: ``num_speculative_tokens`` drafts per step, 0 = off."""
+
+    num_speculative_tokens: int = Field(default=0, ge=0)
+
+
+class AccuracySpec(_Frozen):
+    """GSM8K through lm-eval (issue 5). ``limit`` None = full test set; ``data_dir`` holds train/test.jsonl."""
+
+    enabled: bool = False
+    task: Literal["gsm8k"] = "gsm8k"
+    num_fewshot: int = Field(default=5, ge=0)
+    limit: int | None = Field(default=None, gt=0)
+    data_dir: str | None = None
+    num_concurrent: int = Field(default=8, gt=0)
+    timeout_s: float = Field(default=3600.0, gt=0)
+
+
+class Scenario(_Frozen):
+    """A whole run: model, serve options, the two arms, workload, MTP, accuracy and gate policy."""
+
+    name: str
+    description: str = ""
+    platform: Literal["any", "cuda"] = "any"   # "cuda": needs NVIDIA GPUs; "any": runs on whatever vLLM build is here
+    model: ModelSpec
+    serve: ServeSpec = ServeSpec()
+    arms: dict[str, ArmSpec] = Field(
+        default_factory=lambda: {"baseline": ArmSpec(route="baseline"), "candidate": ArmSpec(route="candidate")}
+    )
+    workload: WorkloadSpec
+    mtp: MtpSpec = MtpSpec()
+    accuracy: AccuracySpec = AccuracySpec()
+    gate: GatePolicy = GatePolicy()
+
+    @model_validator(mode="after")
+    def _two_arms(self) -> "Scenario":
+        routes = sorted(arm.route for arm in self.arms.values())
+        if routes != ["baseline", "candidate"]:
+            raise ValueError("[arms] must declare exactly one arm with route='baseline' and one with route='candidate'")
+        return self
+
+    @model_validator(mode="after")
+    def _prefill_fits(self) -> "Scenario":
+        batched = self.serve.max_num_batched_tokens
+        if not self.serve.chunked_prefill and batched is not None and self.model.max_model_len > batched:
+            raise ValueError(
+                f"chunked prefill is off and model.max_model_len {self.model.max_model_len} > "
+                f"serve.max_num_batched_tokens {batched}: longer prompts would never be scheduled; "
+                f"set serve.max_num_batched_tokens ≥ {self.model.max_model_len}"
+            )
+        return self
+
+    def arm_names(self) -> list[str]:
+        """Arm names, baseline first."""
+        return sorted(self.arms, key=lambda name: self.arms[name].route != "baseline")
+
+
+def _format_error(source: str, error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{source}: key '{key}': {message}{more}"
+
+
+def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
+    """Validate ``data`` into a :class:`Scenario`.
+
+    Raises:
+        ScenarioError: one line naming ``source``, the offending key and what to do.
+    """
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as error:
+        raise ScenarioError(_format_error(source, error)) from None
+
+
+def find_scenario(name_or_path: str) -> Path:
+    """Resolve ``cpu-tiny`` or ``scenarios/cpu-tiny.toml`` or any path to an existing TOML file.
+
+    Raises:
+        ScenarioError: no such file; lists the shipped scenarios.
+    """
+    candidate = Path(name_or_path)
+    for path in (candidate, SCENARIOS_DIR / name_or_path, SCENARIOS_DIR / f"{name_or_path}.toml"):
+        if path.is_file():
+            return path
+    shipped = ", ".join(sorted(p.stem for p in SCENARIOS_DIR.glob("*.toml")))
+    raise ScenarioError(f"{name_or_path}: no such scenario file; use a path or one of: {shipped}")
+
+
+def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read a scenario TOML file, apply dotted-key ``overrides`` (e.g. ``{"serve.tensor_parallel_size": 4}``), validate.
+
+    Raises:
+        ScenarioError: missing file, malformed TOML, or invalid values (one line, naming file and key).
+    """
+    path = find_scenario(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(f"{path}: malformed TOML ({error}); fix the syntax at that line") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    source = str(path) + (" (with CLI overrides)" if overrides else "")
+    return scenario_from_dict(data, source)
+
+
+def resolve_path(value: str) -> Path:
+    """A scenario-relative path (``models/glm-5.2``) → absolute, relative to ``scenarios/``; absolute paths pass."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (SCENARIOS_DIR / path).resolve()

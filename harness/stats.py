@@ -1,0 +1,403 @@
+"""Paired statistics for the A/B gate: block-bootstrap ratios, non-inferiority p-values, Holm, exact McNemar.
+
+Pure functions on numpy arrays (numpy and scipy only: no pandas, no I/O). Shape legend used below:
+``B`` bootstrap resamples, ``R`` repeats (paired between arms: repeat ``r`` of both arms ran in the same ABBA block),
+``N`` requests of the longest repeat (shorter repeats are padded and masked).
+
+Conventions
+-----------
+A comparison is the ratio ``θ = S(candidate) / S(baseline)`` of one statistic ``S`` (mean, median, pNN) of one metric,
+analysed on the log scale (``log θ``), where a ratio's sampling distribution is close to symmetric. The margin is a
+ratio limit ``λ`` (e.g. 0.97 for "throughput may lose at most 3 %", 1.03 for "TPOT may grow at most 3 %"). For a
+higher-is-better metric the candidate is non-inferior when ``θ > λ``; for a lower-is-better one when ``θ < λ``.
+
+Interval: the paired two-stage block bootstrap gives the standard error of ``log θ̂``; the interval is
+``log θ̂ ± t_{1−a, R−1} · se`` (bootstrap standard-error interval with Student-t quantiles; Efron & Tibshirani 1993,
+*An Introduction to the Bootstrap*, §6 and §12.5). Why not the percentile interval: with the 3–10 repeats a benchmark
+can afford, the clustering unit (the repeat) has so few values that percentile intervals are too narrow — the bootstrap
+variance of a mean of ``R`` values is ``(R − 1)/R`` of the unbiased one, and the resampling distribution is discrete
+(Hesterberg 2015, "What teachers should know about the bootstrap", *The American Statistician* 69(4), §3: the
+"narrowness bias"). We therefore multiply the bootstrap standard error by ``sqrt(R / (R − 1))`` and use ``R − 1``
+degrees of freedom, which reduces to the paired t-test on per-repeat log ratios when each repeat holds one value
+(throughput). The plain 95 % percentile interval is still returned as a diagnostic.
+
+Two-stage resampling (repeats, then requests within each drawn repeat) follows Davison & Hinkley 1997, *Bootstrap
+Methods and their Application*, §3.8; it slightly over-states the variance by counting within-repeat noise twice,
+which errs towards INCONCLUSIVE, never towards a false PASS or FAIL.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "RatioEstimate", "PairedDifference", "McNemarResult",
+    "statistic_of", "paired_block_bootstrap", "student_quantile", "student_cdf",
+    "noninferiority_pvalues", "interval", "holm_adjust", "holm_test",
+    "mcnemar_exact", "paired_difference", "repeats_needed", "samples_needed",
+]
+
+_QUANTILE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
+_CHUNK_ELEMENTS = 4_000_000
+"""Upper bound on ``B × R × N`` per bootstrap chunk (≈ 32 MB of float64) so large GPU runs do not exhaust memory."""
+
+
+def _special():
+    """scipy.special, imported on first use: the CLI imports this module (via the scenario's GatePolicy) for every
+    command, and scipy's import costs about a second."""
+    from scipy import special
+
+    return special
+
+
+def _quantile_level(statistic: str) -> float | None:
+    """``"mean"`` → None; ``"median"`` → 0.5; ``"p99"`` → 0.99. Raises ValueError on anything else."""
+    if statistic == "mean":
+        return None
+    if statistic == "median":
+        return 0.5
+    match = _QUANTILE.match(statistic)
+    if not match or not 0 < float(match.group(1)) < 100:
+        raise ValueError(f"unknown statistic {statistic!r}; use 'mean', 'median' or 'pNN' (e.g. 'p99')")
+    return float(match.group(1)) / 100.0
+
+
+def statistic_of(repeats: Sequence[np.ndarray], statistic: str = "mean") -> float:
+    """The statistic of the values of all ``repeats`` pooled (as vLLM computes it over one run's requests).
+
+    Quantiles use numpy's default linear interpolation, the definition ``vllm bench serve`` uses for its pNN columns.
+    """
+    values = np.concatenate([np.asarray(r, dtype=float).ravel() for r in repeats])
+    if values.size == 0:
+        raise ValueError("no values")
+    q = _quantile_level(statistic)
+    return float(values.mean() if q is None else np.quantile(values, q))
+
+
+def student_quantile(df: float, p: float | np.ndarray) -> np.ndarray:
+    """Quantile of Student's t with ``df`` degrees of freedom (``df = inf``: standard normal)."""
+    return _special().ndtri(p) if math.isinf(df) else _special().stdtrit(df, p)
+
+
+def student_cdf(df: float, x: float | np.ndarray) -> np.ndarray:
+    """CDF of Student's t with ``df`` degrees of freedom (``df = inf``: standard normal)."""
+    return _special().ndtr(x) if math.isinf(df) else _special().stdtr(df, x)
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """A paired ratio ``candidate / baseline`` with its bootstrap standard error on the log scale.
+
+    Attributes:
+        baseline, candidate: the statistic of each arm over all its repeats' values pooled.
+        log_ratio: ``log(candidate / baseline)``.
+        se: bootstrap standard error of ``log_ratio`` times ``sqrt(R/(R−1))`` (see the module docstring).
+        df: reference degrees of freedom, ``R − 1`` (``inf`` for a normal reference).
+        repeats: ``R``, the number of paired repeats.
+        percentile_95: the plain bootstrap 2.5 %/97.5 % percentiles of the ratio (diagnostic only).
+        n_resamples: ``B``.
+    """
+
+    baseline: float
+    candidate: float
+    log_ratio: float
+    se: float
+    df: float
+    repeats: int
+    percentile_95: tuple[float, float]
+    n_resamples: int
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.log_ratio)
+
+
+def _padded(repeats: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Stack ragged per-repeat values into ``(R, N)`` (NaN-padded) and their counts ``(R,)``."""
+    arrays = [np.asarray(r, dtype=float).ravel() for r in repeats]
+    counts = np.array([a.size for a in arrays], dtype=np.int64)
+    if (counts == 0).any():
+        raise ValueError("a repeat holds no values")
+    for a in arrays:
+        if not np.isfinite(a).all():
+            raise ValueError("values must be finite (drop failed requests before the bootstrap)")
+    padded = np.full((len(arrays), int(counts.max())), np.nan)
+    for row, a in enumerate(arrays):
+        padded[row, : a.size] = a
+    return padded, counts
+
+
+def _resampled_statistic(padded: np.ndarray, counts: np.ndarray, idx: np.ndarray, rng: np.random.Generator,
+                         q: float | None, resample_requests: bool) -> np.ndarray:
+    """The statistic of each bootstrap resample ``(B,)``: repeats ``idx (B, R)``, then requests within each repeat."""
+    b, repeats = idx.shape
+    n_max = padded.shape[1]
+    if counts.min() == n_max:                                      # equal repeat sizes (the usual case): no mask
+        if resample_requests and n_max > 1:
+            within = (rng.random((b, repeats, n_max), dtype=np.float32) * n_max).astype(np.int64)
+            np.minimum(within, n_max - 1, out=within)               # float32 rounding can reach n_max
+            values = padded.ravel()[idx[..., None] * n_max + within].reshape(b, -1)
+        else:
+            values = padded[idx].reshape(b, -1)
+        return values.mean(axis=1) if q is None else np.quantile(values, q, axis=1)
+    n_sel = counts[idx]                                            # (B, R) requests in each drawn repeat
+    slots = np.arange(n_max)
+    mask = slots < n_sel[..., None]                                # (B, R, N) real (not padding) slots
+    if resample_requests and n_max > 1:
+        within = (rng.random(mask.shape) * n_sel[..., None]).astype(np.int64)   # uniform in [0, n_sel)
+    else:
+        within = np.broadcast_to(slots, mask.shape)
+    flat = idx[..., None] * n_max + np.minimum(within, n_max - 1)
+    values = padded.ravel()[flat]                                  # (B, R, N)
+    if q is None:
+        return np.where(mask, values, 0.0).sum(axis=(1, 2)) / mask.sum(axis=(1, 2))
+    ordered = np.sort(np.where(mask, values, np.inf).reshape(b, -1), axis=1)
+    k = mask.reshape(b, -1).sum(axis=1)
+    position = q * (k - 1)                                          # numpy 'linear': x[lo] + frac·(x[hi] − x[lo])
+    lo = np.floor(position).astype(np.int64)
+    hi = np.minimum(lo + 1, k - 1)
+    x_lo = np.take_along_axis(ordered, lo[:, None], axis=1)[:, 0]
+    x_hi = np.take_along_axis(ordered, hi[:, None], axis=1)[:, 0]
+    return x_lo + (position - lo) * (x_hi - x_lo)
+
+
+def paired_block_bootstrap(baseline: Sequence[np.ndarray], candidate: Sequence[np.ndarray], statistic: str = "mean",
+                           *, n_resamples: int = 2000, seed: int | Sequence[int] = 0,
+                           resample_requests: bool = True) -> RatioEstimate:
+    """Paired two-stage block bootstrap of ``S(candidate) / S(baseline)``.
+
+    ``baseline[r]`` and ``candidate[r]`` are the values of repeat ``r`` of each arm: the per-request values of a
+    latency metric, or a one-element array holding the per-repeat figure (throughput, acceptance length). Each
+    resample draws ``R`` repeat indices with replacement, the same indices for both arms (the pairing: repeat ``r`` of
+    both arms ran in the same ABBA block, so slow drift cancels in the ratio), then, independently per arm, as many
+    requests with replacement from each drawn repeat as it holds. ``S`` is taken over the pooled draws of each arm.
+
+    Args:
+        statistic: ``"mean"``, ``"median"`` or ``"pNN"``.
+        n_resamples: ``B``; 2000 is ample for a standard error (Efron & Tibshirani 1993 §6.4 find 50–200 enough).
+        seed: anything ``numpy.random.default_rng`` accepts; the same seed and data give the same result.
+        resample_requests: False resamples repeats only.
+
+    Raises:
+        ValueError: fewer than two repeats, unequal repeat counts, empty or non-finite values, or a statistic ≤ 0.
+    """
+    if len(baseline) != len(candidate):
+        raise ValueError(f"paired repeats differ in number: baseline {len(baseline)}, candidate {len(candidate)}")
+    repeats = len(baseline)
+    if repeats < 2:
+        raise ValueError("the block bootstrap needs at least two paired repeats")
+    q = _quantile_level(statistic)
+    pad_b, n_b = _padded(baseline)
+    pad_c, n_c = _padded(candidate)
+    point_b, point_c = statistic_of(baseline, statistic), statistic_of(candidate, statistic)
+    if point_b <= 0 or point_c <= 0:
+        raise ValueError(f"ratios need positive statistics (baseline {point_b}, candidate {point_c})")
+    rng = np.random.default_rng(seed)
+    per_resample = repeats * max(pad_b.shape[1], pad_c.shape[1])
+    chunk = max(1, _CHUNK_ELEMENTS // per_resample)
+    logs = []
+    for start in range(0, n_resamples, chunk):
+        b = min(chunk, n_resamples - start)
+        idx = rng.integers(0, repeats, size=(b, repeats))
+        stat_b = _resampled_statistic(pad_b, n_b, idx, rng, q, resample_requests)
+        stat_c = _resampled_statistic(pad_c, n_c, idx, rng, q, resample_requests)
+        logs.append(np.log(stat_c) - np.log(stat_b))
+    log_ratios = np.concatenate(logs)
+    if not np.isfinite(log_ratios).all():
+        raise ValueError("a resampled statistic is not positive; the ratio is undefined")
+    se = float(log_ratios.std(ddof=1)) * math.sqrt(repeats / (repeats - 1))
+    ordered = np.sort(log_ratios)
+    low, high = np.exp(np.interp([0.025, 0.975], np.linspace(0.0, 1.0, ordered.size), ordered))
+    return RatioEstimate(baseline=point_b, candidate=point_c, log_ratio=math.log(point_c / point_b), se=se,
+                         df=float(repeats - 1), repeats=repeats, percentile_95=(float(low), float(high)),
+                         n_resamples=n_resamples)
+
+
+def noninferiority_pvalues(estimate: float, se: float, df: float, limit: float,
+                           higher_is_better: bool) -> tuple[float, float]:
+    """One-sided p-values against the margin ``limit`` (same scale as ``estimate``: a log ratio or a difference).
+
+    ``p_pass`` tests H0 "the candidate is worse than the margin" (rejecting it shows non-inferiority);
+    ``p_fail`` tests H0 "the candidate is within the margin or better" (rejecting it shows a loss beyond the margin).
+    With ``g = (estimate − limit)`` for higher-is-better (``limit − estimate`` otherwise) and ``T`` Student's t CDF:
+    ``p_pass = 1 − T(g / se)``, ``p_fail = T(g / se)``; so ``p_pass + p_fail = 1``. A zero ``se`` (identical values in
+    every repeat) gives 0/1, or 1/1 when the estimate sits exactly on the margin.
+    """
+    good = (estimate - limit) if higher_is_better else (limit - estimate)
+    if se <= 0 or not math.isfinite(se):
+        if se == 0 and good != 0:
+            return (0.0, 1.0) if good > 0 else (1.0, 0.0)
+        return 1.0, 1.0
+    cdf = float(student_cdf(df, good / se))
+    return 1.0 - cdf, cdf
+
+
+def interval(estimate: float, se: float, df: float, level: float) -> tuple[float, float]:
+    """Two-sided interval ``estimate ± t_{1−level, df} · se``, i.e. confidence ``1 − 2·level``.
+
+    Each bound is a one-sided ``1 − level`` bound, so the lower bound clears a margin exactly when the one-sided test
+    at ``level`` rejects (:func:`noninferiority_pvalues`).
+    """
+    if se == 0:
+        return estimate, estimate
+    half = float(student_quantile(df, 1.0 - level)) * se
+    return estimate - half, estimate + half
+
+
+def holm_adjust(pvalues: Sequence[float]) -> np.ndarray:
+    """Holm (1979) step-down adjusted p-values: ``p̃_(k) = max_{j ≤ k} min(1, (m − j + 1) · p_(j))``.
+
+    Holm, S. (1979). "A simple sequentially rejective multiple test procedure". *Scand. J. Statist.* 6(2): 65–70.
+    Rejecting every hypothesis with ``p̃ ≤ α`` controls the family-wise error rate at ``α`` under any dependence.
+    """
+    p = np.asarray(pvalues, dtype=float)
+    m = p.size
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return adjusted
+
+
+def holm_test(pvalues: Sequence[float], alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Holm's step-down test: which hypotheses it rejects, and the level at which each was tested.
+
+    Sorted ascending, ``p_(k)`` is compared with ``α / (m − k + 1)``; testing stops at the first ``p_(k)`` above its
+    level. Returns ``(reject, level)``: a rejected hypothesis's level is the one it was rejected at; an unrejected
+    one's is the level where testing stopped. An interval at one-sided level ``level`` (:func:`interval`) therefore
+    excludes the margin exactly for the rejected hypotheses, so a displayed interval never contradicts its verdict.
+    """
+    p = np.asarray(pvalues, dtype=float)
+    m = p.size
+    reject = np.zeros(m, dtype=bool)
+    level = np.full(m, alpha / max(m, 1))
+    order = np.argsort(p, kind="stable")
+    stop_level = None
+    for rank, i in enumerate(order):
+        critical = alpha / (m - rank)
+        if stop_level is None and p[i] <= critical:
+            reject[i], level[i] = True, critical
+        else:
+            stop_level = critical if stop_level is None else stop_level
+            level[i] = stop_level
+    return reject, level
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar test on paired binary outcomes.
+
+    ``baseline_only``: pairs right in the baseline only (``b``); ``candidate_only``: right in the candidate only
+    (``c``); ``p_value``: two-sided exact p-value of H0 "the arms are equally accurate".
+    """
+
+    n: int
+    both: int
+    neither: int
+    baseline_only: int
+    candidate_only: int
+    p_value: float
+
+
+def mcnemar_exact(baseline_correct: np.ndarray, candidate_correct: np.ndarray) -> McNemarResult:
+    """Exact (conditional) McNemar test: a binomial test of ``c`` successes in ``b + c`` discordant pairs, ``p = ½``.
+
+    McNemar, Q. (1947). "Note on the sampling error of the difference between correlated proportions or percentages".
+    *Psychometrika* 12(2): 153–157; exact form as in Fagerland, Lydersen & Laake (2013), *BMC Med. Res. Methodol.*
+    13:91. Two-sided ``p = min(1, 2 · P(X ≤ min(b, c)))``, ``X ~ Binomial(b + c, ½)``; ``p = 1`` with no discordance.
+    """
+    from scipy.stats import binomtest   # here, not at import: scipy.stats costs ~1 s and the CLI imports this module
+
+    base = np.asarray(baseline_correct, dtype=bool)
+    cand = np.asarray(candidate_correct, dtype=bool)
+    if base.shape != cand.shape:
+        raise ValueError("paired outcomes must have the same length")
+    b = int((base & ~cand).sum())
+    c = int((~base & cand).sum())
+    p_value = float(binomtest(c, b + c, 0.5).pvalue) if b + c else 1.0
+    return McNemarResult(n=int(base.size), both=int((base & cand).sum()), neither=int((~base & ~cand).sum()),
+                         baseline_only=b, candidate_only=c, p_value=min(1.0, p_value))
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Accuracy of each arm and their paired difference ``candidate − baseline`` (proportions, not points).
+
+    ``difference`` is the observed difference; ``adjusted``/``se`` are the Agresti–Min centre and standard error
+    used for the interval and the margin test; ``*_stderr`` are each arm's standard errors as lm-eval reports them
+    (``sqrt(var(ddof=1) / n)``).
+    """
+
+    n: int
+    baseline: float
+    candidate: float
+    baseline_stderr: float
+    candidate_stderr: float
+    difference: float
+    adjusted: float
+    se: float
+
+
+def paired_difference(baseline_correct: np.ndarray, candidate_correct: np.ndarray) -> PairedDifference:
+    """Paired difference of two accuracies with the Agresti–Min adjusted Wald standard error.
+
+    Agresti, A. & Min, Y. (2005). "Simple improved confidence intervals for comparing matched proportions".
+    *Statistics in Medicine* 24(5): 729–740: add ½ to each of the four cells of the paired 2×2 table (``n' = n + 2``),
+    then ``d' = (c' − b') / n'`` and ``Var(d') = ((b' + c') − (c' − b')² / n') / n'²``. Unlike the plain Wald interval
+    it does not collapse to zero width when the arms agree on every question.
+    """
+    base = np.asarray(baseline_correct, dtype=float)
+    cand = np.asarray(candidate_correct, dtype=float)
+    n = base.size
+    if n < 2 or cand.size != n:
+        raise ValueError("need at least two paired outcomes of equal length")
+    b = float(((base == 1) & (cand == 0)).sum()) + 0.5
+    c = float(((base == 0) & (cand == 1)).sum()) + 0.5
+    n_adj = n + 2.0
+    adjusted = (c - b) / n_adj
+    se = math.sqrt(max((b + c) - (c - b) ** 2 / n_adj, 0.0)) / n_adj
+    return PairedDifference(n=n, baseline=float(base.mean()), candidate=float(cand.mean()),
+                            baseline_stderr=float(base.std(ddof=1) / math.sqrt(n)),
+                            candidate_stderr=float(cand.std(ddof=1) / math.sqrt(n)),
+                            difference=float(cand.mean() - base.mean()), adjusted=adjusted, se=se)
+
+
+def repeats_needed(distance: float, se: float, repeats: int, level: float, *, max_repeats: int = 1000) -> int | None:
+    """Total repeats at which the interval would clear the margin if the observed ratio and spread held.
+
+    Plug-in rule: the per-repeat spread is ``s = se · sqrt(R)``; the smallest ``R* > R`` with
+    ``t_{1−level, R*−1} · s / sqrt(R*) < distance`` (``distance`` = |estimate − margin| on the log scale). No power
+    allowance: a fresh run at ``R*`` repeats clears the margin about half the time; ask for ~1.5× that to be safe.
+    Returns None when even ``max_repeats`` would not do (the ratio sits on the margin).
+    """
+    if se <= 0:
+        return repeats
+    if distance <= 0:
+        return None
+    spread = se * math.sqrt(repeats)
+    start = repeats + 1
+    while start <= max_repeats:                                    # blocks: the answer is usually close to R
+        candidates = np.arange(start, min(max_repeats, 2 * start + 16) + 1)
+        half = _special().stdtrit(candidates - 1.0, 1.0 - level) * spread / np.sqrt(candidates)
+        ok = np.nonzero(half < distance)[0]
+        if ok.size:
+            return int(candidates[ok[0]])
+        start = int(candidates[-1]) + 1
+    return None
+
+
+def samples_needed(distance: float, se: float, n: int, level: float) -> int | None:
+    """Paired samples (questions) at which a normal interval would clear the margin, by ``se ∝ 1/sqrt(n)``."""
+    if se <= 0:
+        return n
+    if distance <= 0:
+        return None
+    z = float(_special().ndtri(1.0 - level))
+    return int(math.ceil(n * (z * se / distance) ** 2))

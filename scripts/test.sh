@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install what the tests need, then run them. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"`.
+# The full suite (no arguments) includes the slow end-to-end tests that start real vLLM servers; CI runs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# The HTML report is checked in headless Chromium (a Debian package).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
+fi
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,87 @@
+"""The CLI: plan output, overrides, and bad input that ends with one line and exit 2 before anything starts."""
+
+import os
+import stat
+
+import pytest
+
+from harness import procs
+from harness.cli import _overrides, build_parser, default_scenario, main
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_cpu_tiny_shows_both_arms_and_what_the_cpu_build_lacks(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
+    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny", "--concurrency", "1,2")
+    assert code == 0
+    assert "== arm baseline (route=baseline) ==" in out and "== arm candidate (route=candidate) ==" in out
+    assert out.count("vllm serve ") == 2 and out.count("bench c=") == 4
+    assert "not available on this platform" in out
+    assert "--max-concurrency 2" in out and "--ignore-eos" in out and "--save-detailed" in out
+
+
+def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
+    code, out, _ = _run(capsys, "plan", "--scenario", "glm-5.2-nvfp4-tp4")
+    assert code == 0
+    assert "--tensor-parallel-size 4" in out and "--quantization modelopt_fp4" in out
+    assert '"num_speculative_tokens":3' in out and "--max-concurrency 1024" in out
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--tp", "4"], "--tp 4 requires a CUDA machine"),
+    (["--quant", "nvfp4"], "--quant nvfp4 requires a CUDA machine"),
+    (["--scenario", "glm-5.2-nvfp4-tp4"], "requires a CUDA machine"),
+    (["--concurrency", "0"], "workload.concurrency"),
+    (["--scenario", "nope"], "no such scenario"),
+])
+def test_compare_refuses_bad_input_with_one_line_and_exit_2(capsys, tmp_path, flags, needle):
+    from harness import machine
+
+    if machine.detect().name == "cuda" and "CUDA" in needle:
+        pytest.skip("this machine has CUDA")
+    code, _, err = _run(capsys, "compare", "--out", str(tmp_path / "results"), *flags)
+    assert code == 2
+    assert err.startswith("dsa-bench: error: ") and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "results").exists() and procs.live_children() == []
+
+
+def test_unwritable_results_dir_is_refused_before_any_server(capsys, tmp_path):
+    if os.geteuid() == 0:  # root writes through permission bits: make the parent a regular file instead
+        (tmp_path / "file").write_text("")
+        out = tmp_path / "file" / "results"
+    else:
+        out = tmp_path / "ro"
+        out.mkdir()
+        out.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    code, _, err = _run(capsys, "compare", "--out", str(out))
+    assert code == 2 and "cannot write results" in err and "--out" in err
+    assert procs.live_children() == []
+
+
+def test_report_and_gate_on_missing_run_dir_exit_2(capsys, tmp_path):
+    for command in ("report", "gate"):
+        code, _, err = _run(capsys, command, str(tmp_path / "missing"))
+        assert code == 2 and "no such run directory" in err
+        code, _, err = _run(capsys, command, str(tmp_path))
+        assert code == 2 and "manifest.json" in err
+
+
+def test_flags_map_to_scenario_keys():
+    args = build_parser().parse_args(["compare", "--tp", "4", "--quant", "nvfp4", "--concurrency", "1,2,4",
+                                      "--num-prompts", "10", "--no-mtp", "--model", "/m"])
+    assert _overrides(args) == {
+        "model.id": "/m", "serve.tensor_parallel_size": 4, "serve.quantization": "nvfp4",
+        "workload.concurrency": [1, 2, 4], "mtp.num_speculative_tokens": 0,
+        "workload.min_prompts": 10, "workload.prompts_per_concurrency": 1,
+    }
+
+
+def test_default_scenario_by_machine():
+    assert default_scenario("cpu", None, None) == "cpu-tiny"
+    assert default_scenario("cuda", 4, "nvfp4") == "glm-5.2-nvfp4-tp4"
+    assert default_scenario("cuda", 8, "fp8") == "deepseek-v3.2-fp8-tp8"

@@ -1,0 +1,63 @@
+"""End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny with two levels and few prompts."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import records
+
+REPO = Path(__file__).resolve().parent.parent
+DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", "cpu-tiny", "--concurrency", "1,4",
+                           "--num-prompts", "8", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run,) = list(out.iterdir())
+    return run
+
+
+def test_run_dir_has_both_arms_with_throughput(run_dir):
+    levels = pd.read_csv(run_dir / records.LEVELS)
+    assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
+    assert sorted(levels["concurrency"].unique()) == [1, 4]
+    assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
+    assert (levels["completed"] == 8).all()
+    requests = pd.read_csv(run_dir / records.REQUESTS)
+    assert len(requests) == 4 * 8 and requests["tpot_ms"].notna().all()
+    assert len(list((run_dir / records.RAW_DIR).glob("*.json"))) == 4
+
+
+def test_manifest_records_commands_versions_and_the_paths(run_dir):
+    manifest = json.loads((run_dir / records.MANIFEST).read_text())
+    assert manifest["status"] == "done" and manifest["versions"]["vllm"]
+    base, cand = manifest["arms"]["baseline"], manifest["arms"]["candidate"]
+    assert base["server_command"] != cand["server_command"]
+    assert all(level["status"] == "done" for arm in (base, cand) for level in arm["levels"].values())
+    assert base["attestation"]["valid"] and cand["attestation"]["valid"]
+    assert base["observed"] and cand["observed"]
+    timing = manifest["timing"]
+    assert 0 <= timing["harness_overhead_s"] < timing["wall_s"]
+    assert (run_dir / records.LOGS_DIR / "baseline-server.log").stat().st_size > 0
+
+
+def test_report_renders_with_tables_and_plots(run_dir):
+    html = (run_dir / records.REPORT).read_text()
+    assert "<table" in html and "data:image/png;base64," in html
+    assert "baseline" in html and "candidate" in html
+
+
+def test_no_server_left_running(run_dir):
+    out = subprocess.run(["pgrep", "-f", f"vllm serve .*--served-model-name tiny-deepseek-v3"],
+                         capture_output=True, text=True).stdout
+    assert out.strip() == ""

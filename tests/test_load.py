@@ -1,0 +1,78 @@
+"""Parsing vLLM's own `vllm bench serve --save-detailed` JSON (captured from a real run) into the two CSVs."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import records
+from harness.load import parse_bench_result, read_bench_json
+
+FIXTURE = Path(__file__).parent / "fixtures" / "bench" / "vllm-bench-serve-c4.json"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return read_bench_json(FIXTURE)
+
+
+def test_level_row_carries_vllms_aggregates(bench):
+    level, _ = parse_bench_result(bench, "baseline", 4, 0)
+    assert set(records.LEVEL_COLUMNS) - {"client_cpu_util"} <= set(level)
+    assert level["completed"] == bench["completed"] and level["output_throughput"] == bench["output_throughput"]
+    assert level["mean_tpot_ms"] == pytest.approx(bench["mean_tpot_ms"])
+    assert level["p99_ttft_ms"] == pytest.approx(bench["p99_ttft_ms"])
+
+
+def test_request_rows_use_server_counted_tokens(bench):
+    _, rows = parse_bench_result(bench, "candidate", 4, 1)
+    assert len(rows) == len(bench["input_lens"])
+    for row, out_len, ttft, e2el in zip(rows, bench["output_lens"], bench["ttfts"], bench["latencies"]):
+        assert row["output_len"] == out_len and row["arm"] == "candidate" and row["repeat"] == 1
+        assert row["tpot_ms"] == pytest.approx((e2el - ttft) * 1000 / (out_len - 1))
+    # vLLM's mean TPOT is the mean of the same per-request figures.
+    assert sum(r["tpot_ms"] for r in rows) / len(rows) == pytest.approx(bench["mean_tpot_ms"], rel=1e-6)
+    assert min(r["start_s"] for r in rows) == 0.0
+
+
+def test_rows_round_trip_through_the_csvs(tmp_path, bench):
+    level, rows = parse_bench_result(bench, "baseline", 4, 0)
+    records.append_rows(tmp_path / records.LEVELS, [level], records.LEVEL_COLUMNS)
+    records.append_rows(tmp_path / records.LEVELS, [dict(level, arm="candidate")], records.LEVEL_COLUMNS)
+    records.append_rows(tmp_path / records.REQUESTS, rows, records.REQUEST_COLUMNS)
+    levels = records.read_table(tmp_path, records.LEVELS, records.LEVEL_COLUMNS)
+    assert list(levels["arm"]) == ["baseline", "candidate"]
+    frame = records.read_table(tmp_path, records.REQUESTS, records.REQUEST_COLUMNS)
+    assert len(frame) == len(rows) and frame["tpot_ms"].notna().all()
+
+
+def test_failed_requests_have_no_latency(bench):
+    broken = dict(bench)
+    broken["errors"] = ["Traceback ...\nServerDisconnectedError"] + list(bench["errors"][1:])
+    _, rows = parse_bench_result(broken, "baseline", 4, 0)
+    assert rows[0]["error"] == "ServerDisconnectedError" and rows[0]["tpot_ms"] is None
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.pop("ttfts"), "lacks"),
+    (lambda d: d.__setitem__("ttfts", d["ttfts"][:-1]), "entries"),
+])
+def test_corrupted_json_is_a_clear_error(bench, mutate, match):
+    data = json.loads(json.dumps(bench))
+    mutate(data)
+    with pytest.raises(ValueError, match=match):
+        parse_bench_result(data, "baseline", 4, 0)
+
+
+def test_unreadable_file_names_itself(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match=str(path)):
+        read_bench_json(path)
+
+
+def test_corrupted_levels_csv_is_a_run_dir_error(tmp_path):
+    (tmp_path / records.LEVELS).write_text("arm,concurrency\n\"unterminated\n")
+    with pytest.raises(records.RunDirError):
+        records.read_table(tmp_path, records.LEVELS, records.LEVEL_COLUMNS)
