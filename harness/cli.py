@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
 
     host = machine.detect()
     name = args.scenario or default_scenario(host.name, args.tp, args.quant)
-    scenario = load_scenario(name, _overrides(args))
+    scenario = load_scenario(name, _overrides(args)).effective()
     if to_run:
         check_machine(scenario, host)
         return build_plan(scenario, host), None
@@ -118,6 +119,55 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base_urls(args: argparse.Namespace) -> dict[str, str] | None:
+    given = {"baseline": args.base_url_baseline, "candidate": args.base_url_candidate}
+    if not any(given.values()):
+        return None
+    if not all(given.values()):
+        raise UsageError("--base-url-baseline and --base-url-candidate go together; give both servers' URLs")
+    for arm, url in given.items():
+        if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", url):
+            raise UsageError(f"--base-url-{arm} {url!r} is not a server URL; use e.g. http://host:8000")
+    return given
+
+
+def _resume_plan(args: argparse.Namespace):
+    """The stored plan of ``--resume RUN_DIR``; refuse (UsageError) when the scenario or installed versions changed."""
+    from harness import machine
+    from harness.plan import build_plan, check_machine
+    from harness.records import read_manifest
+    from harness.scenario import scenario_from_dict
+
+    run_dir = Path(args.resume)
+    manifest = read_manifest(run_dir)
+    stored = scenario_from_dict(manifest["scenario"], f"{run_dir}/manifest.json")
+    if args.scenario or _overrides(args):
+        wanted = load_scenario(args.scenario or manifest["scenario_name"], _overrides(args)).effective()
+        old, new = _flatten(stored.model_dump(mode="json")), _flatten(wanted.model_dump(mode="json"))
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        if changed:
+            raise UsageError(f"cannot resume {run_dir}: the scenario changed ({', '.join(changed[:5])}); "
+                             f"resume with the same scenario or start a new run")
+    now, then = machine.versions(), manifest.get("versions", {})
+    changed = [f"{k} {then.get(k)} → {now.get(k)}" for k in ("vllm", "torch", "dsa_bench", "lm_eval", "python")
+               if then.get(k) != now.get(k)]
+    if changed:
+        raise UsageError(f"cannot resume {run_dir}: installed versions changed ({'; '.join(changed)}); "
+                         f"results would not be comparable — start a new run")
+    host = machine.detect()
+    check_machine(stored, host)
+    return build_plan(stored, host), run_dir, manifest
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): data}
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run both arms and write the run directory and report. Exit 0 when every level is done, 1 otherwise."""
     from rich.console import Console
@@ -125,38 +175,49 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from harness import procs
     from harness.runner import Runner, RunOptions, new_run_dir
 
-    plan, _ = _build_plan(args, to_run=True)
+    options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
+    if args.resume:
+        plan, run_dir, stored = _resume_plan(args)
+    else:
+        plan, _ = _build_plan(args, to_run=options.base_urls is None)
+        run_dir, stored = new_run_dir(Path(args.out), plan.scenario.name), None
     console = Console(stderr=True)
-    run_dir = new_run_dir(Path(args.out), plan.scenario.name)
     console.print(f"dsa-bench: {plan.scenario.name} on {plan.machine.name} → {run_dir}")
     procs.cleanup_on_exit()
     try:
-        manifest = Runner(plan, run_dir, RunOptions(out_dir=Path(args.out),
-                                                    continue_on_error=args.continue_on_error), console).run()
+        manifest = Runner(plan, run_dir, options, console, resume_manifest=stored).run()
     except (KeyboardInterrupt, procs.Interrupted):
         console.print(f"[red]interrupted[/]: finished levels are in {run_dir}")
-        _render(run_dir, console)
+        _conclude(run_dir, console)
         return 130
-    _render(run_dir, console)
+    gate_code = _conclude(run_dir, console)
     timing = manifest["timing"]
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
                   f"({100 * (timing['harness_share'] or 0):.1f} %); report: {run_dir / 'report.html'}")
     if args.gate:
-        from harness.gate import exit_code, print_gate, run_gate
-
-        result = run_gate(run_dir)
-        print_gate(result, console)
-        return exit_code(result)
+        return gate_code
     return 0 if manifest["status"] == "done" else 1
 
 
-def _render(run_dir: Path, console) -> None:
+def _conclude(run_dir: Path, console) -> int:
+    """Verdict (verdict.json, summary.md) then report.html, from the stored files. Returns the gate's exit code.
+
+    A failure here loses nothing: the measurements are on disk and `dsa-bench gate/report RUN_DIR` can redo it."""
+    from harness.gate import exit_code, print_gate, run_gate
     from harness.report import render_report
 
+    code = 4
+    try:
+        result = run_gate(run_dir)
+        print_gate(result, console)
+        code = exit_code(result)
+    except Exception as error:  # noqa: BLE001
+        console.print(f"[red]verdict failed ({error}); re-run `dsa-bench gate {run_dir}`[/]")
     try:
         render_report(run_dir)
-    except Exception as error:  # noqa: BLE001 — the data is on disk; `dsa-bench report` can retry
+    except Exception as error:  # noqa: BLE001
         console.print(f"[red]report rendering failed ({error}); re-run `dsa-bench report {run_dir}`[/]")
+    return code
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -176,6 +237,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
     policy = load_policy(Path(args.policy)) if args.policy else None
     result = run_gate(Path(args.run_dir), policy)
     print_gate(result, Console())
+    if Path(args.run_dir, "report.html").exists():  # keep the report's verdict section in step with verdict.json
+        from harness.report import render_report
+
+        render_report(Path(args.run_dir))
     return exit_code(result)
 
 
@@ -188,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
     compare.add_argument("--continue-on-error", action="store_true", help="record a failed level and go on")
     compare.add_argument("--gate", action="store_true", help="run the gate at the end and exit with its code")
+    compare.add_argument("--resume", metavar="RUN_DIR", help="re-run only the levels of RUN_DIR that are not done")
+    compare.add_argument("--base-url-baseline", metavar="URL", help="benchmark an already running baseline server")
+    compare.add_argument("--base-url-candidate", metavar="URL", help="benchmark an already running candidate server")
     compare.set_defaults(func=cmd_compare)
     plan = sub.add_parser("plan", help="print each arm's server/benchmark commands and environment; run nothing")
     _add_scenario_flags(plan)
@@ -204,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dsa-bench`` console script. Returns the exit code."""
+    from harness.gate import PolicyError
     from harness.plan import PlanError
     from harness.records import RunDirError
     from harness.runner import RunError
@@ -211,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ScenarioError, PlanError, RunError, RunDirError, UsageError) as error:
+    except (ScenarioError, PlanError, RunError, RunDirError, PolicyError, UsageError) as error:
         print(f"dsa-bench: error: {error}", file=sys.stderr)
         return USAGE_ERROR
 

@@ -6,6 +6,7 @@ turned into vLLM flags by ``dsa_route.routing.serve_overrides`` for the platform
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -61,12 +62,15 @@ class Plan:
         """(concurrency, repeat) pairs in sweep order."""
         return [(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
 
-    def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path) -> list[str]:
-        """The ``vllm bench serve`` argv of one level (random dataset, fixed lengths, ``--ignore-eos``, greedy)."""
+    def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path,
+                   served_model_name: str | None = None) -> list[str]:
+        """The ``vllm bench serve`` argv of one level (random dataset, fixed lengths, ``--ignore-eos``, greedy).
+
+        ``served_model_name`` overrides the arm's (a server started by other tooling may serve another name)."""
         work = self.scenario.workload
         return [
             "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
-            "--model", arm.model_path, "--served-model-name", arm.served_model_name, "--tokenizer", arm.tokenizer,
+            "--model", arm.model_path, "--served-model-name", served_model_name or arm.served_model_name, "--tokenizer", arm.tokenizer,
             "--dataset-name", "random", "--random-input-len", str(work.input_len),
             "--random-output-len", str(work.output_len), "--ignore-eos", "--temperature", "0",
             "--seed", str(work.seed + repeat), "--num-prompts", str(work.num_prompts(concurrency)),
@@ -78,7 +82,10 @@ class Plan:
 
 
 def vllm_executable() -> str:
-    """The ``vllm`` CLI of this Python environment (``.venv/bin/vllm``), else the one on PATH, else ``"vllm"``."""
+    """``$DSA_BENCH_VLLM`` when set (tests point it at a fake server), else the ``vllm`` CLI of this Python
+    environment (``.venv/bin/vllm``), else the one on PATH, else ``"vllm"``."""
+    if os.environ.get("DSA_BENCH_VLLM"):
+        return os.environ["DSA_BENCH_VLLM"]
     sibling = Path(sys.executable).parent / "vllm"
     if sibling.exists():
         return str(sibling)

@@ -20,7 +20,8 @@ from harness import attest, machine as machine_mod, procs, records
 from harness.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.plan import ArmPlan, Plan, level_filename, level_key
 from harness.scenario import REPO_ROOT
-from harness.server import ServerError, VllmServer, free_port, scrape_metrics
+from harness.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
+                            server_version)
 
 # Never written to the run directory or logs: any variable whose name contains one of these.
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
@@ -32,10 +33,10 @@ class RunError(RuntimeError):
 
 @dataclass
 class RunOptions:
-    """How to run: output dir and failure policy."""
+    """How to run: failure policy, and ``base_urls`` (arm → URL) to benchmark servers started by other tooling."""
 
-    out_dir: Path
     continue_on_error: bool = False
+    base_urls: dict[str, str] | None = None
 
 
 def _now() -> str:
@@ -91,15 +92,36 @@ def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
 class Runner:
     """Runs one comparison into ``run_dir``. Use :meth:`run`."""
 
-    def __init__(self, plan: Plan, run_dir: Path, options: RunOptions, console: Console | None = None):
+    def __init__(self, plan: Plan, run_dir: Path, options: RunOptions, console: Console | None = None,
+                 resume_manifest: dict[str, Any] | None = None):
         self.plan = plan
         self.run_dir = run_dir
         self.options = options
         self.console = console or Console(stderr=True)
-        self.servers: dict[str, VllmServer] = {}
+        self.servers: dict[str, VllmServer | RemoteServer] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "client_import_s": 0.0}
-        self.manifest = self._initial_manifest()
+        self.manifest = self._initial_manifest() if resume_manifest is None else self._resumed(resume_manifest)
+
+    def _resumed(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The stored manifest with every level that is not ``done`` set back to pending, and the CSVs cut back to
+        the rows of done levels (a crash between the two CSV appends leaves no orphan rows)."""
+        done = set()
+        for arm, entry in manifest["arms"].items():
+            for key, level in entry["levels"].items():
+                if level.get("status") == "done":
+                    done.add((arm, key))
+                else:
+                    entry["levels"][key] = {"status": "pending", "previous": level.get("status")}
+        for name, columns in ((records.LEVELS, records.LEVEL_COLUMNS), (records.REQUESTS, records.REQUEST_COLUMNS)):
+            if (self.run_dir / name).exists():
+                frame = records.read_table(self.run_dir, name, columns)
+                keep = [(arm, level_key(int(c), int(r))) in done
+                        for arm, c, r in zip(frame["arm"], frame["concurrency"], frame["repeat"])]
+                records.atomic_write_text(self.run_dir / name, frame[keep].to_csv(index=False))
+        manifest.setdefault("resumed_at", []).append(_now())
+        manifest["status"] = "running"
+        return manifest
 
     # ----------------------------------------------------------------------------------------------- manifest
     def _initial_manifest(self) -> dict[str, Any]:
@@ -154,7 +176,34 @@ class Runner:
                            + (f" — [red]path mismatch: {'; '.join(mismatches)}[/]" if mismatches else ""))
         return server
 
-    def _server_for(self, arm: ArmPlan) -> VllmServer | None:
+    def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
+        """Connect to a server started by other tooling; attest what its endpoints expose."""
+        server = RemoteServer(url, None, os.environ.get("VLLM_API_KEY"))
+        self.console.print(f"[bold]{arm.name}[/]: using the running server at {url} (dsa-bench starts nothing)")
+        ready_s = server.connect(self.plan.scenario.serve.ready_timeout_s)
+        metrics = scrape_metrics(server.base_url, server.headers)
+        observed = {"served_models": served_models(server.base_url, server.headers),
+                    "server_version": server_version(server.base_url, server.headers),
+                    "spec_decode_metrics": any(k.startswith("vllm:spec_decode") for k in metrics)}
+        entry = self.manifest["arms"][arm.name]
+        entry.update(base_url=url, server_start_s=round(ready_s, 2), observed=observed, server_command=None)
+        entry["attestation"] = {
+            "valid": None, "mismatches": [], "not_checked": attest.not_observed(arm.intended, observed),
+            "note": "server started by other tooling: only /v1/models, /version and /metrics were read; the model "
+                    "runner, compilation mode and CUDA-graph mode cannot be checked from there",
+        }
+        self._save()
+        return server
+
+    def _server_for(self, arm: ArmPlan) -> VllmServer | RemoteServer | None:
+        if self.options.base_urls:
+            if arm.name not in self.servers and arm.name not in self.dead_arms:
+                try:
+                    self.servers[arm.name] = self._connect_remote(arm, self.options.base_urls[arm.name])
+                except ServerError as error:
+                    self.dead_arms[arm.name] = str(error)
+                    self.console.print(f"[red]{arm.name}: {error}[/]")
+            return self.servers.get(arm.name)
         if not self.plan.scenario.serve.concurrent_servers:
             for name in [n for n in self.servers if n != arm.name]:
                 self.servers.pop(name).stop()
@@ -174,11 +223,12 @@ class Runner:
         return self.servers[arm.name]
 
     # ----------------------------------------------------------------------------------------------- levels
-    def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer, concurrency: int, repeat: int,
+    def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
+                   repeat: int,
                    progress: Progress, task) -> None:
         raw_dir = self.run_dir / records.RAW_DIR
         raw_dir.mkdir(exist_ok=True)
-        argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir)
+        argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir, server.served_model_name)
         total = self.plan.scenario.workload.num_prompts(concurrency) + self.plan.scenario.workload.warmups
         before = _successes(server)
         progress.update(task, description=f"{arm.name} c={concurrency} r={repeat}", total=total, completed=0)
@@ -208,7 +258,10 @@ class Runner:
         started = time.monotonic()
         self._save()
         arms = {arm.name: arm for arm in self.plan.arms}
-        client = LoadClient(dict(os.environ), self.run_dir / records.LOGS_DIR / "bench-client.log")
+        client_env = dict(os.environ)
+        if os.environ.get("VLLM_API_KEY"):  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
+            client_env["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
+        client = LoadClient(client_env, self.run_dir / records.LOGS_DIR / "bench-client.log")
         (self.run_dir / records.LOGS_DIR).mkdir(exist_ok=True)
         status = "failed"
         try:
@@ -217,6 +270,8 @@ class Runner:
                 task = progress.add_task("starting", total=None)
                 for name, concurrency, repeat in schedule(self.plan):
                     entry = self._level(name, concurrency, repeat)
+                    if entry["status"] == "done":   # resumed run: already measured
+                        continue
                     if name in self.dead_arms:
                         entry["status"] = f"skipped: {self.dead_arms[name]}"
                         self._save()
@@ -238,6 +293,7 @@ class Runner:
                         elif not self.options.continue_on_error:
                             self.dead_arms[name] = "an earlier level failed (use --continue-on-error to go on)"
                     entry["wall_s"] = round(time.monotonic() - level_started, 2)
+                    entry["finished_at"] = _now()
                     entry["raw"] = f"{records.RAW_DIR}/{level_filename(name, concurrency, repeat)}"
                     self._save()
             all_done = all(level["status"] == "done" for arm in self.manifest["arms"].values()
@@ -268,7 +324,7 @@ class Runner:
         return self.manifest
 
 
-def _successes(server: VllmServer) -> float:
+def _successes(server: VllmServer | RemoteServer) -> float:
     try:
         samples = scrape_metrics(server.base_url, server.headers)
         return sum(v for k, v in samples.items() if k.split("{")[0] == "vllm:request_success_total")

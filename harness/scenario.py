@@ -191,6 +191,16 @@ class Scenario(_Frozen):
             )
         return self
 
+    def effective(self) -> "Scenario":
+        """This scenario with the gate's primary metrics limited to what the run measures (no MTP → no acceptance
+        length; no GSM8K → no accuracy), so a run with a feature off is not INVALID for lacking its data."""
+        dropped = []
+        if self.mtp.num_speculative_tokens == 0:
+            dropped.append("acceptance_length")
+        if not self.accuracy.enabled:
+            dropped.append("gsm8k_accuracy")
+        return self.model_copy(update={"gate": self.gate.without(*dropped)}) if dropped else self
+
     def arm_names(self) -> list[str]:
         """Arm names, baseline first."""
         return sorted(self.arms, key=lambda name: self.arms[name].route != "baseline")

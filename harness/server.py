@@ -38,8 +38,38 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-class VllmServer:
-    """A running ``vllm serve`` process.
+class _Endpoint:
+    """An OpenAI-compatible vLLM endpoint: base URL, auth header, served model name, and readiness probes."""
+
+    def __init__(self, base_url: str, served_model_name: str | None, api_key: str | None):
+        self.base_url = base_url.rstrip("/")
+        self.served_model_name = served_model_name
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.ready_s: float | None = None
+
+    def _healthy(self) -> bool:
+        try:
+            return requests.get(f"{self.base_url}/health", timeout=5, headers=self.headers).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _first_completion(self) -> tuple[bool, str]:
+        body = {"model": self.served_model_name, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+        try:
+            response = requests.post(f"{self.base_url}/v1/completions", json=body, timeout=300, headers=self.headers)
+        except requests.RequestException as error:
+            return False, f"completion request failed: {error.__class__.__name__}"
+        if response.status_code != 200:
+            return False, f"completion returned HTTP {response.status_code}: {response.text[:200]}"
+        try:
+            choices = response.json()["choices"]
+        except (ValueError, KeyError):
+            return False, "completion answer is not OpenAI JSON"
+        return (bool(choices), "ok" if choices else "completion returned no choices")
+
+
+class VllmServer(_Endpoint):
+    """A ``vllm serve`` process that dsa-bench starts and stops.
 
     Args:
         argv: the full command (``vllm serve MODEL ... --port PORT``).
@@ -47,19 +77,17 @@ class VllmServer:
         port: the port in ``argv``.
         served_model_name: the model name requests must use.
         log_path: where stdout+stderr go.
+        api_key: sent as a bearer token when the server requires one (never written anywhere).
     """
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], port: int, served_model_name: str,
                  log_path: Path, api_key: str | None = None):
+        super().__init__(f"http://127.0.0.1:{port}", served_model_name, api_key)
         self.argv = list(argv)
         self.env = dict(env)
         self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.served_model_name = served_model_name
         self.log_path = log_path
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc: subprocess.Popen | None = None
-        self.ready_s: float | None = None
 
     def start(self, timeout_s: float) -> float:
         """Spawn the server and block until a real completion succeeds. Returns seconds to ready.
@@ -96,26 +124,6 @@ class VllmServer:
         raise ServerError(self._failure(f"server ready timeout: not ready after {timeout_s:.0f} s ({last_error}); "
                                         f"raise serve.ready_timeout_s if startup is just slow"))
 
-    def _healthy(self) -> bool:
-        try:
-            return requests.get(f"{self.base_url}/health", timeout=5, headers=self.headers).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def _first_completion(self) -> tuple[bool, str]:
-        body = {"model": self.served_model_name, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
-        try:
-            response = requests.post(f"{self.base_url}/v1/completions", json=body, timeout=300, headers=self.headers)
-        except requests.RequestException as error:
-            return False, f"completion request failed: {error.__class__.__name__}"
-        if response.status_code != 200:
-            return False, f"completion returned HTTP {response.status_code}: {response.text[:200]}"
-        try:
-            choices = response.json()["choices"]
-        except (ValueError, KeyError):
-            return False, "completion answer is not OpenAI JSON"
-        return (bool(choices), "ok" if choices else "completion returned no choices")
-
     def _failure(self, what: str) -> str:
         tail = log_tail(self.log_path)
         return f"{what}; log {self.log_path}, last lines:\n{tail}" if tail else f"{what}; log {self.log_path} is empty"
@@ -129,11 +137,49 @@ class VllmServer:
         if self.proc is not None:
             procs.stop(self.proc)
 
-    def __enter__(self) -> "VllmServer":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+class RemoteServer(_Endpoint):
+    """A server started by other tooling (``--base-url-baseline/--base-url-candidate``, e.g. multi-node TP/PP with
+    vLLM's Ray executor): dsa-bench connects to it and never starts or stops it."""
+
+    log_path = None
+
+    def connect(self, timeout_s: float) -> float:
+        """Wait until ``/health`` answers and one real completion succeeds; learn the served model from
+        ``/v1/models`` when not given. Returns seconds to ready.
+
+        Raises:
+            ServerError: not ready within ``timeout_s`` (server ready timeout), with the last error seen.
+        """
+        started = time.monotonic()
+        last_error = "no answer from /health"
+        while time.monotonic() - started < timeout_s:
+            if self._healthy():
+                if self.served_model_name is None:
+                    self.served_model_name = (served_models(self.base_url, self.headers) or [None])[0]
+                ok, last_error = self._first_completion()
+                if ok:
+                    self.ready_s = time.monotonic() - started
+                    return self.ready_s
+            time.sleep(1.0)
+        raise ServerError(f"server ready timeout: {self.base_url} not ready after {timeout_s:.0f} s ({last_error}); "
+                          f"check the URL and that the server is up")
+
+    def alive(self) -> bool:
+        """Whether ``/health`` answers."""
+        return self._healthy()
+
+    def stop(self) -> None:
+        """Nothing: dsa-bench did not start this server."""
+
+
+def served_models(base_url: str, headers: Mapping[str, str] | None = None) -> list[str]:
+    """Model ids from ``/v1/models`` ([] when unavailable)."""
+    try:
+        data = requests.get(f"{base_url}/v1/models", timeout=5, headers=dict(headers or {})).json()
+        return [item["id"] for item in data.get("data", [])]
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return []
 
 
 def _port_is_free(port: int) -> bool:

@@ -568,9 +568,11 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _achieved_concurrency(frame) -> float | None:
+def _achieved_concurrency(frame, level: int) -> float | None:
     """Median number of requests in flight when each successful request started (itself included), from the
-    per-request timeline (``start_s``, ``e2el_ms``). A client that keeps ``c`` requests in flight scores ``c``."""
+    per-request timeline (``start_s``, ``e2el_ms``), over the steady state: the ramp-up (the first ``level`` starts,
+    which see 1, 2, …, level in flight by construction) is left out when later requests exist. A client that keeps
+    ``c`` requests in flight scores ``c``."""
     start = frame["start_s"].to_numpy(dtype=float)
     end = start + frame["e2el_ms"].to_numpy(dtype=float) / 1000.0
     ok = np.isfinite(start) & np.isfinite(end)
@@ -579,7 +581,9 @@ def _achieved_concurrency(frame) -> float | None:
         return None
     started = np.searchsorted(np.sort(start), start, side="right")    # requests started at or before s_i
     ended = np.searchsorted(np.sort(end), start, side="right")        # … and already finished by s_i
-    return float(np.median(started - ended))
+    in_flight = (started - ended)[np.argsort(start, kind="stable")]
+    steady = in_flight[level:] if in_flight.size > level else in_flight
+    return float(np.median(steady))
 
 
 def _succeeded(frame):
@@ -694,7 +698,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
             report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
                                                             f"counts {total:.0f} requests")
         ok = _succeeded(frame)
-        achieved = _achieved_concurrency(ok)
+        achieved = _achieved_concurrency(ok, level)
         if achieved is not None and achieved < policy.min_concurrency_fraction * level:
             report.fail(arm, level, repeat, "concurrency",
                         f"achieved concurrency {achieved:g} (median in flight at request start) far below {level}")

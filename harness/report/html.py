@@ -7,6 +7,7 @@ re-buildable from the run directory alone.
 from __future__ import annotations
 
 import math
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -89,6 +90,19 @@ def render_html(context: Mapping[str, Any]) -> str:
     return environment().get_template(TEMPLATE).render(**context, plots=figures, delta_formula=DELTA_FORMULA)
 
 
+def stored_sections(run_dir: Path) -> dict[str, Any]:
+    """Sections stored in the run dir by later stages: ``verdict.json`` (written by :mod:`harness.gate`).
+
+    An unreadable verdict.json is reported in the section instead of failing the whole report."""
+    path = Path(run_dir) / "verdict.json"
+    if not path.exists():
+        return {}
+    try:
+        return {"verdict": json.loads(path.read_text(encoding="utf-8"))}
+    except (OSError, ValueError) as error:
+        return {"verdict": f"verdict.json is unreadable ({error}); re-run `dsa-bench gate {run_dir}`"}
+
+
 def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> Path:
     """Render ``run_dir/report.html`` from the run directory's stored files and return its path.
 
@@ -101,6 +115,8 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
         OSError: ``run_dir`` is not writable.
     """
     run_dir = Path(run_dir)
+    if sections is None:
+        sections = stored_sections(run_dir)
     html = render_html(build_context(run_dir, sections))
     path = run_dir / records.REPORT
     records.atomic_write_text(path, html)

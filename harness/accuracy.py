@@ -1,0 +1,537 @@
+"""GSM8K through lm-eval on each arm's running server, per-question results, and the paired comparison of the arms.
+
+Flow (the runner calls these; see each function):
+
+1. Before any server starts: :func:`resolve_data_dir` (explicit ``--gsm8k-data`` → the scenario's
+   ``accuracy.data_dir`` → ``<repo>/../shared/data/gsm8k`` when it exists → the Hugging Face hub when reachable →
+   skip, with the reason). An explicitly given directory that is wrong is an :class:`AccuracyError` (exit 2).
+2. After each arm's load sweep, on the same server: :func:`run_gsm8k` runs ``python -m lm_eval`` with the
+   ``local-completions`` model (``tokenizer_backend=None``: prompts go as text, the server tokenizes), the upstream
+   ``gsm8k`` task (5-shot, ``exact_match`` with the ``strict-match`` and ``flexible-extract`` filters, greedy,
+   stop strings ``Question:``, ``</s>``, ``<|im_end|>``, 256 new tokens at most), fixed seeds, ``--log_samples``.
+   Offline, the task is lm-eval's own ``gsm8k.yaml`` included by a generated task file that points
+   ``dataset_path: json`` at the local ``train.jsonl``/``test.jsonl`` (``accuracy/tasks/gsm8k_local.yaml``).
+3. After both arms: :func:`summarize` pairs the arms per question and writes ``accuracy/summary.json``.
+
+Run-dir files::
+
+    accuracy.csv                       one row per arm × question × filter: ACCURACY_COLUMNS
+    accuracy/tasks/gsm8k_local.yaml    the generated task (offline data only)
+    accuracy/<arm>/<model>/results_*.json, samples_<task>_*.jsonl   lm-eval's own output, untouched
+    accuracy/<arm>/arm.json            this module's summary of the arm (ArmResult as JSON)
+    accuracy/summary.json              per-arm accuracy ± stderr, paired McNemar per filter, or why GSM8K was skipped
+    logs/<arm>-lm-eval.log             lm-eval's stdout+stderr
+
+Statistics (per filter): accuracy ``p = mean(correct)``; stderr ``sqrt(Σ(x − p)² / (n − 1)) / sqrt(n)``, lm-eval's
+``mean_stderr`` (``lm_eval/api/metrics.py``); paired difference ``candidate − baseline`` in points; exact McNemar
+(:func:`harness.stats.mcnemar_exact`): ``b`` = right in baseline only, ``c`` = right in candidate only,
+``p = min(1, 2·P(X ≤ min(b, c)))``, ``X ~ Binomial(b + c, ½)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+
+from harness import procs, records
+from harness.scenario import REPO_ROOT
+
+ACCURACY_CSV = "accuracy.csv"
+ACCURACY_DIR = "accuracy"
+SUMMARY_FILE = "summary.json"
+ARM_FILE = "arm.json"
+
+ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct", "extracted", "target", "prompt_hash")
+"""``accuracy.csv``: ``question_id`` is lm-eval's ``doc_id`` (0-based index into test.jsonl); ``correct`` is 0/1
+(lm-eval's ``exact_match`` for that filter); ``extracted`` is the filtered answer; ``prompt_hash`` is lm-eval's hash of
+the full prompt (equal between the arms when the few-shot context is)."""
+
+FILTERS: tuple[str, ...] = ("strict-match", "flexible-extract")
+"""The two filters of lm-eval's ``gsm8k`` task (``tasks/gsm8k/gsm8k.yaml``)."""
+
+LOCAL_TASK = "gsm8k_local"
+HUB_TASK = "gsm8k"
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+MAX_GEN_TOKS = 256
+FEWSHOT_SEED = 1234
+"""lm-eval's default seeds (``--seed 0,1234,1234,1234``: python, numpy, torch, few-shot sampler) and its default
+request seed; fixed so both arms get the same few-shot examples for each question."""
+
+REFERENCE = ("94.768 % (GSM8K 5-shot exact_match, flexible-extract, GLM-5.2 NVFP4; upstream figure the GPU "
+             "scenario is measured against)")
+
+
+class AccuracyError(ValueError):
+    """GSM8K cannot run as asked (bad data dir, lm-eval failed or timed out); ``str(error)`` is one line."""
+
+
+# ------------------------------------------------------------------------------------------------ data
+def check_data_dir(path: str | Path) -> Path:
+    """Check that ``path`` holds GSM8K's ``train.jsonl`` and ``test.jsonl`` and return it resolved.
+
+    Every line must be a JSON object with string ``question`` and ``answer`` fields, the answer ending in
+    ``#### <number>`` (GSM8K's format, as lm-eval's ``gsm8k`` task reads it).
+
+    Raises:
+        AccuracyError: the directory or a file is missing, empty or malformed (one line naming file and line).
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise AccuracyError(f"{folder}: no such GSM8K data directory; pass a folder holding train.jsonl and "
+                            f"test.jsonl in GSM8K's format (e.g. --gsm8k-data ../shared/data/gsm8k)")
+    for name in ("train.jsonl", "test.jsonl"):
+        file = folder / name
+        if not file.is_file():
+            raise AccuracyError(f"{folder}: missing {name}; a GSM8K data directory needs train.jsonl and test.jsonl")
+        count = 0
+        try:
+            with file.open(encoding="utf-8") as handle:
+                for lineno, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    _check_record(line, file, lineno)
+                    count += 1
+        except UnicodeDecodeError as error:
+            raise AccuracyError(f"{file}: not UTF-8 text ({error.reason}); expected GSM8K jsonl") from None
+        if count == 0:
+            raise AccuracyError(f"{file}: empty; expected one GSM8K problem per line")
+    return folder.resolve()
+
+
+def _check_record(line: str, file: Path, lineno: int) -> None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise AccuracyError(f"{file}:{lineno}: not JSON ({error.msg}); expected one GSM8K problem per line") from None
+    if not isinstance(record, dict) or not isinstance(record.get("question"), str) \
+            or not isinstance(record.get("answer"), str):
+        raise AccuracyError(f"{file}:{lineno}: not a GSM8K record; need string fields 'question' and 'answer'")
+    if "####" not in record["answer"]:
+        raise AccuracyError(f"{file}:{lineno}: answer lacks the final '#### <number>' line of GSM8K's format")
+
+
+class GsmData(NamedTuple):
+    """Where GSM8K comes from: ``source`` "local" (``path`` set), "hub" (lm-eval downloads ``openai/gsm8k``) or
+    "skip" (GSM8K does not run; ``reason`` says why, for the report)."""
+
+    path: Path | None
+    source: Literal["local", "hub", "skip"]
+    reason: str
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers (False when ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set)."""
+    if any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE",
+                                                                                 "HF_DATASETS_OFFLINE")):
+        return False
+    import requests
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        return requests.head(f"{endpoint}/api/datasets/openai/gsm8k", timeout=timeout_s).status_code < 500
+    except requests.RequestException:
+        return False
+
+
+def resolve_data_dir(explicit: str | None, scenario_dir: str | None, *,
+                     default_dir: Path = DEFAULT_DATA_DIR,
+                     hub_check: Callable[[], bool] = hub_reachable) -> GsmData:
+    """Decide where GSM8K comes from (call before any server starts).
+
+    ``explicit`` (``--gsm8k-data``, relative to the working directory) wins, then ``scenario_dir``
+    (``accuracy.data_dir``, relative to the repository root); either must be a valid data directory. Without
+    both: ``default_dir`` (``<repo>/../shared/data/gsm8k``) when it is a valid data directory, else the hub when
+    ``hub_check()`` is true, else skip.
+
+    Raises:
+        AccuracyError: an explicitly given directory (flag or scenario) is missing or malformed.
+    """
+    if explicit:
+        return GsmData(check_data_dir(Path(explicit).expanduser().resolve()), "local", f"--gsm8k-data {explicit}")
+    if scenario_dir:
+        path = Path(scenario_dir).expanduser()
+        path = path if path.is_absolute() else (REPO_ROOT / path)
+        return GsmData(check_data_dir(path), "local", f"scenario accuracy.data_dir {scenario_dir}")
+    if Path(default_dir).is_dir():
+        try:
+            return GsmData(check_data_dir(default_dir), "local", f"default {default_dir}")
+        except AccuracyError as error:
+            default_problem = str(error)
+        if hub_check():
+            return GsmData(None, "hub", f"{default_problem}; using the Hugging Face hub")
+        return GsmData(None, "skip", f"GSM8K not run: {default_problem}, and the Hugging Face hub is not reachable")
+    if hub_check():
+        return GsmData(None, "hub", f"{default_dir} does not exist; lm-eval downloads openai/gsm8k from the hub")
+    return GsmData(None, "skip", f"GSM8K not run: no local data ({default_dir} does not exist, no --gsm8k-data) "
+                                 f"and the Hugging Face hub is not reachable")
+
+
+def write_task_yaml(task_dir: Path, data_dir: Path) -> Path:
+    """Write ``task_dir/gsm8k_local.yaml``: lm-eval's own ``gsm8k.yaml`` (included by absolute path) with the
+    dataset pointed at ``data_dir``'s jsonl files through the ``json`` builder. Returns the file's path.
+
+    Only ``task``, ``tag``, ``dataset_path``, ``dataset_name`` and ``dataset_kwargs`` are overridden: prompt,
+    few-shot split, generation settings, filters and metric stay upstream's.
+    """
+    import yaml
+
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise AccuracyError("lm-eval is not installed in this environment; run scripts/setup.sh")
+    upstream = Path(list(spec.submodule_search_locations)[0]) / "tasks" / "gsm8k" / "gsm8k.yaml"
+    if not upstream.is_file():
+        raise AccuracyError(f"{upstream}: lm-eval's gsm8k task is missing; reinstall lm-eval")
+    task = {
+        "include": str(upstream),
+        "task": LOCAL_TASK,
+        "tag": [],
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"train": str(Path(data_dir) / "train.jsonl"),
+                                          "test": str(Path(data_dir) / "test.jsonl")}},
+    }
+    task_dir.mkdir(parents=True, exist_ok=True)
+    path = task_dir / f"{LOCAL_TASK}.yaml"
+    records.atomic_write_text(path, "# Generated by dsa-bench (harness/accuracy.py): upstream gsm8k on local data.\n"
+                              + yaml.safe_dump(task, sort_keys=False))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ running lm-eval
+def gsm8k_command(base_url: str, served_model_name: str, output_dir: Path, *, task: str = HUB_TASK,
+                  include_path: Path | None = None, num_fewshot: int = 5, limit: int | None = None,
+                  num_concurrent: int = 8, seed: int = FEWSHOT_SEED, max_gen_toks: int = MAX_GEN_TOKS,
+                  request_timeout_s: int = 600, python: str = sys.executable) -> list[str]:
+    """The ``python -m lm_eval`` argv of one arm's GSM8K run.
+
+    ``local-completions`` against ``<base_url>/v1/completions`` with ``tokenizer_backend=None`` (text prompts, no
+    client tokenizer), ``num_concurrent`` requests in flight, ``max_gen_toks`` new tokens at most, request ``seed``;
+    the task's own greedy settings (temperature 0) and stop strings; ``--seed 0,<seed>,<seed>,<seed>`` fixes the
+    few-shot sampler; ``--log_samples`` writes per-question results under ``output_dir``.
+    """
+    model_args = ",".join([
+        f"model={served_model_name}", f"base_url={base_url}/v1/completions", "tokenizer_backend=None",
+        "tokenized_requests=False", f"num_concurrent={num_concurrent}", "max_retries=3",
+        f"max_gen_toks={max_gen_toks}", f"seed={seed}", f"timeout={int(request_timeout_s)}",
+    ])
+    argv = [python, "-m", "lm_eval", "run", "--model", "local-completions", "--model_args", model_args,
+            "--tasks", task, "--num_fewshot", str(num_fewshot), "--batch_size", "1",
+            "--seed", f"0,{seed},{seed},{seed}", "--log_samples", "--output_path", str(output_dir)]
+    if include_path is not None:
+        argv += ["--include_path", str(include_path)]
+    if limit is not None:
+        argv += ["--limit", str(int(limit))]
+    return argv
+
+
+@dataclass
+class ArmResult:
+    """One arm's GSM8K run. ``filters`` maps filter → ``{"accuracy", "stderr", "n"}`` (fractions, from
+    ``accuracy.csv`` rows) and lm-eval's own ``{"lm_eval_accuracy", "lm_eval_stderr"}``."""
+
+    arm: str
+    status: str                                   # "done" | "failed: <reason>"
+    task: str
+    source: str                                   # "local" | "hub"
+    num_fewshot: int
+    limit: int | None
+    n: int = 0
+    wall_s: float | None = None
+    filters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results_json: str | None = None               # relative to the run dir
+    samples_jsonl: str | None = None
+    log: str | None = None
+    command: list[str] = field(default_factory=list)
+
+
+def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, data: GsmData, *,
+              num_fewshot: int = 5, limit: int | None = None, num_concurrent: int = 8, timeout_s: float = 3600.0,
+              seed: int = FEWSHOT_SEED, env: Mapping[str, str] | None = None, api_key: str | None = None,
+              alive: Callable[[], bool] | None = None, poll_s: float = 1.0) -> ArmResult:
+    """Run lm-eval's GSM8K for one arm against its running server; store its output and rows; return the result.
+
+    Spawns :func:`gsm8k_command` through :func:`harness.procs.spawn` (own process group, log
+    ``logs/<arm>-lm-eval.log``), waits at most ``timeout_s`` (``accuracy.timeout_s``) and polls ``alive()`` (the
+    server) every ``poll_s``. On success: the arm's rows replace any earlier rows of ``arm`` in ``accuracy.csv`` and
+    ``accuracy/<arm>/arm.json`` is written. ``api_key`` (the server's ``VLLM_API_KEY``) reaches lm-eval as
+    ``OPENAI_API_KEY``, the variable its ``local-completions`` model sends as a bearer token.
+
+    Raises:
+        AccuracyError: ``data.source`` is "skip"; lm-eval exited non-zero, wrote no results, ran past ``timeout_s``
+            (it is then stopped: SIGTERM, grace, SIGKILL), or the server died under it. The message is one line and
+            names the log.
+    """
+    run_dir = Path(run_dir)
+    if data.source == "skip":
+        raise AccuracyError(data.reason)
+    out_dir = run_dir / ACCURACY_DIR / arm
+    include_path = None
+    task = HUB_TASK
+    if data.source == "local":
+        assert data.path is not None
+        include_path = run_dir / ACCURACY_DIR / "tasks"
+        write_task_yaml(include_path, data.path)
+        task = LOCAL_TASK
+    argv = gsm8k_command(base_url, served_model_name, out_dir, task=task, include_path=include_path,
+                         num_fewshot=num_fewshot, limit=limit, num_concurrent=num_concurrent, seed=seed)
+    child_env = dict(os.environ if env is None else env)
+    child_env["TOKENIZERS_PARALLELISM"] = "false"
+    if data.source == "local":   # nothing to fetch: never wait on an unreachable hub
+        child_env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    if api_key:
+        child_env["OPENAI_API_KEY"] = api_key
+    log_path = run_dir / records.LOGS_DIR / f"{arm}-lm-eval.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    result = ArmResult(arm=arm, status="running", task=task, source=data.source, num_fewshot=num_fewshot,
+                       limit=limit, log=str(log_path.relative_to(run_dir)), command=argv)
+    started = time.monotonic()
+    try:
+        proc = procs.spawn(argv, child_env, log_path)
+    except OSError as error:
+        raise AccuracyError(f"cannot start lm-eval ({error.strerror or error}); run scripts/setup.sh") from None
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > timeout_s:
+                raise AccuracyError(f"GSM8K on {arm} timeout: lm-eval still running after accuracy.timeout_s = "
+                                    f"{timeout_s:.0f} s and was stopped; raise accuracy.timeout_s or lower "
+                                    f"--gsm8k-limit (log {log_path})")
+            if alive is not None and not alive():
+                raise AccuracyError(f"GSM8K on {arm}: the server died during the lm-eval run (log {log_path})")
+            time.sleep(poll_s)
+    finally:
+        procs.stop(proc, grace_s=10.0)
+    result.wall_s = round(time.monotonic() - started, 2)
+    if proc.returncode != 0:
+        raise AccuracyError(f"GSM8K on {arm}: lm-eval exited with code {proc.returncode}; last line: "
+                            f"{_last_line(log_path)} (log {log_path})")
+    results_path, samples_path = find_outputs(out_dir, task)
+    if results_path is None or samples_path is None:
+        raise AccuracyError(f"GSM8K on {arm}: lm-eval wrote no results/samples under {out_dir} (log {log_path})")
+    rows = parse_samples(samples_path, arm)
+    lm_eval_scores = parse_results(results_path, task)
+    result.results_json = str(results_path.relative_to(run_dir))
+    result.samples_jsonl = str(samples_path.relative_to(run_dir))
+    result.n = len({row["question_id"] for row in rows})
+    result.filters = {name: {**arm_accuracy(rows, name), **lm_eval_scores.get(name, {})}
+                      for name in sorted({row["filter"] for row in rows})}
+    result.status = "done"
+    _replace_arm_rows(run_dir, arm, rows)
+    records.atomic_write_json(out_dir / ARM_FILE, asdict(result))
+    return result
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def find_outputs(out_dir: Path, task: str) -> tuple[Path | None, Path | None]:
+    """The newest ``results_*.json`` and ``samples_<task>_*.jsonl`` lm-eval wrote under ``out_dir``
+    (``<out_dir>/<sanitized model name>/``, ``lm_eval/loggers/evaluation_tracker.py``)."""
+    def newest(pattern: str) -> Path | None:
+        found = sorted(Path(out_dir).glob(pattern), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+
+    return newest("**/results_*.json"), newest(f"**/samples_{task}_*.jsonl")
+
+
+def parse_results(path: Path, task: str) -> dict[str, dict[str, float | None]]:
+    """lm-eval's aggregated scores: ``{filter: {"lm_eval_accuracy", "lm_eval_stderr"}}`` from
+    ``results[task]["exact_match,<filter>"]`` and ``"exact_match_stderr,<filter>"`` (stderr None when "N/A")."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    scores = data.get("results", {}).get(task, {})
+    found: dict[str, dict[str, float | None]] = {}
+    for key, value in scores.items():
+        metric, _, filter_name = key.partition(",")
+        if metric == "exact_match":
+            found.setdefault(filter_name, {})["lm_eval_accuracy"] = _float(value)
+        elif metric == "exact_match_stderr":
+            found.setdefault(filter_name, {})["lm_eval_stderr"] = _float(value)
+    return found
+
+
+def _float(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def parse_samples(path: Path, arm: str) -> list[dict[str, Any]]:
+    """lm-eval's ``--log_samples`` jsonl (one line per question × filter) → ``accuracy.csv`` rows.
+
+    Each line has ``doc_id``, ``filter``, ``exact_match`` (0.0/1.0), ``filtered_resps`` (``[answer]``), ``target``
+    and ``prompt_hash`` (``lm_eval/evaluator.py``). Rows are sorted by filter, then question.
+
+    Raises:
+        AccuracyError: a line is not JSON or lacks one of those fields.
+    """
+    rows = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                sample = json.loads(line)
+                extracted = sample["filtered_resps"]
+                while isinstance(extracted, list):
+                    extracted = extracted[0] if extracted else ""
+                rows.append({
+                    "arm": arm, "question_id": int(sample["doc_id"]), "filter": str(sample["filter"]),
+                    "correct": int(float(sample["exact_match"]) >= 0.5), "extracted": str(extracted),
+                    "target": _final_answer(str(sample.get("target", ""))), "prompt_hash": sample.get("prompt_hash"),
+                })
+            except (ValueError, KeyError, TypeError) as error:
+                raise AccuracyError(f"{path}:{lineno}: not an lm-eval sample line ({error!r})") from None
+    rows.sort(key=lambda row: (row["filter"], row["question_id"]))
+    return rows
+
+
+def _final_answer(target: str) -> str:
+    """GSM8K's reference answer: the text after the last ``####``."""
+    return target.rsplit("####", 1)[-1].strip()
+
+
+def arm_accuracy(rows: Sequence[Mapping[str, Any]], filter_name: str) -> dict[str, Any]:
+    """``{"accuracy", "stderr", "n"}`` of one filter's rows: mean of ``correct`` and lm-eval's ``mean_stderr``
+    (sample standard deviation, ``n − 1``, over ``sqrt(n)``; None for n < 2)."""
+    values = [int(row["correct"]) for row in rows if row["filter"] == filter_name]
+    n = len(values)
+    if not n:
+        return {"accuracy": None, "stderr": None, "n": 0}
+    mean = sum(values) / n
+    stderr = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) / math.sqrt(n) if n > 1 else None
+    return {"accuracy": mean, "stderr": stderr, "n": n}
+
+
+def _replace_arm_rows(run_dir: Path, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    kept = [row for row in read_rows(run_dir) if row["arm"] != arm]
+    records.atomic_write_text(run_dir / ACCURACY_CSV, records.rows_to_csv([*kept, *rows], ACCURACY_COLUMNS))
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """``accuracy.csv`` rows (``question_id`` and ``correct`` as int); empty when the file is absent.
+
+    Raises:
+        records.RunDirError: the file lacks a column or holds a non-integer id/flag.
+    """
+    path = Path(run_dir) / ACCURACY_CSV
+    if not path.is_file():
+        return []
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in ("arm", "question_id", "filter", "correct") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise records.RunDirError(f"{path}: missing columns {missing}; the file is corrupted")
+        try:
+            return [{**row, "question_id": int(row["question_id"]), "correct": int(row["correct"])} for row in reader]
+        except ValueError as error:
+            raise records.RunDirError(f"{path}: {error}; the file is corrupted") from None
+
+
+# ------------------------------------------------------------------------------------------------ pairing
+def paired(rows: Sequence[Mapping[str, Any]], filter_name: str, arms: tuple[str, str] = ("baseline", "candidate")
+           ) -> dict[str, Any] | None:
+    """The paired comparison of one filter over the questions both arms answered (None when none are common).
+
+    Returns ``{"filter", "n", "baseline_accuracy", "candidate_accuracy", "difference_pts" (candidate − baseline,
+    points), "ci95_pts" (Agresti–Min adjusted Wald, :func:`harness.stats.paired_difference`), "both", "neither",
+    "baseline_only", "candidate_only", "p_value" (exact McNemar), "prompt_mismatches" (questions whose prompt hash
+    differs between the arms: their few-shot context was not the same)}``.
+    """
+    import numpy as np
+
+    from harness.stats import mcnemar_exact, paired_difference
+
+    by_arm = {arm: {row["question_id"]: row for row in rows if row["arm"] == arm and row["filter"] == filter_name}
+              for arm in arms}
+    common = sorted(set(by_arm[arms[0]]) & set(by_arm[arms[1]]))
+    if not common:
+        return None
+    base = np.array([by_arm[arms[0]][q]["correct"] for q in common], dtype=bool)
+    cand = np.array([by_arm[arms[1]][q]["correct"] for q in common], dtype=bool)
+    test = mcnemar_exact(base, cand)
+    ci = None
+    if len(common) >= 2:
+        diff = paired_difference(base, cand)
+        ci = [100 * (diff.adjusted - 1.959963984540054 * diff.se), 100 * (diff.adjusted + 1.959963984540054 * diff.se)]
+    mismatches = sum(1 for q in common if by_arm[arms[0]][q].get("prompt_hash") != by_arm[arms[1]][q].get("prompt_hash"))
+    return {
+        "filter": filter_name, "n": len(common),
+        "baseline_accuracy": float(base.mean()), "candidate_accuracy": float(cand.mean()),
+        "difference_pts": 100.0 * (float(cand.mean()) - float(base.mean())), "ci95_pts": ci,
+        "both": test.both, "neither": test.neither, "baseline_only": test.baseline_only,
+        "candidate_only": test.candidate_only, "p_value": test.p_value, "prompt_mismatches": mismatches,
+    }
+
+
+def summarize(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),
+              failures: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Write ``accuracy/summary.json`` from ``accuracy.csv`` and each arm's ``arm.json``; return it.
+
+    ``failures`` maps an arm to why its GSM8K run failed (the runner passes the :class:`AccuracyError` text).
+    Shape: ``{"status": "done" | "partial" | "failed", "reason", "arms": {arm: ArmResult as dict},
+    "paired": [paired(...) per filter], "formula": str}``.
+    """
+    run_dir = Path(run_dir)
+    rows = read_rows(run_dir)
+    failures = dict(failures or {})
+    arm_info: dict[str, Any] = {}
+    for arm in arms:
+        path = run_dir / ACCURACY_DIR / arm / ARM_FILE
+        if arm in failures:
+            arm_info[arm] = {"arm": arm, "status": f"failed: {failures[arm]}"}
+        elif path.is_file():
+            arm_info[arm] = json.loads(path.read_text(encoding="utf-8"))
+        else:
+            arm_info[arm] = {"arm": arm, "status": "not run"}
+    done = [arm for arm in arms if arm_info[arm].get("status") == "done"]
+    pairs = [p for p in (paired(rows, name, arms) for name in FILTERS) if p is not None] if len(done) == 2 else []
+    status = "done" if len(done) == len(arms) else ("partial" if done else "failed")
+    reason = "; ".join(f"{arm}: {arm_info[arm]['status']}" for arm in arms if arm not in done) or None
+    summary = {"status": status, "reason": reason, "arms": arm_info, "paired": pairs,
+               "formula": "exact McNemar: b = right in baseline only, c = right in candidate only, "
+                          "p = min(1, 2·P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2)"}
+    records.atomic_write_json(run_dir / ACCURACY_DIR / SUMMARY_FILE, summary)
+    return summary
+
+
+def record_skipped(run_dir: Path, reason: str) -> dict[str, Any]:
+    """Write ``accuracy/summary.json`` saying GSM8K did not run and why (the report shows the reason)."""
+    summary = {"status": "skipped", "reason": reason, "arms": {}, "paired": []}
+    records.atomic_write_json(Path(run_dir) / ACCURACY_DIR / SUMMARY_FILE, summary)
+    return summary
+
+
+def load_summary(run_dir: Path) -> dict[str, Any] | None:
+    """``accuracy/summary.json`` (None when absent).
+
+    Raises:
+        records.RunDirError: the file exists but is not valid JSON.
+    """
+    path = Path(run_dir) / ACCURACY_DIR / SUMMARY_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise records.RunDirError(f"{path}: not valid JSON ({error}); re-run GSM8K with --resume") from error
+
+
+__all__ = [
+    "ACCURACY_COLUMNS", "AccuracyError", "ArmResult", "GsmData", "REFERENCE", "check_data_dir", "gsm8k_command",
+    "load_summary", "paired", "parse_samples", "read_rows", "record_skipped", "resolve_data_dir", "run_gsm8k",
+    "summarize", "write_task_yaml",
+]
