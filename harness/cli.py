@@ -133,7 +133,7 @@ def _base_urls(args: argparse.Namespace) -> dict[str, str] | None:
 
 def _resume_plan(args: argparse.Namespace):
     """The stored plan of ``--resume RUN_DIR``; refuse (UsageError) when the scenario or installed versions changed."""
-    from harness import machine
+    from harness import machine, records
     from harness.plan import build_plan, check_machine
     from harness.records import read_manifest
     from harness.scenario import scenario_from_dict
@@ -141,8 +141,19 @@ def _resume_plan(args: argparse.Namespace):
     run_dir = Path(args.resume)
     manifest = read_manifest(run_dir)
     stored = scenario_from_dict(manifest["scenario"], f"{run_dir}/manifest.json")
-    if args.scenario or _overrides(args):
-        wanted = load_scenario(args.scenario or manifest["scenario_name"], _overrides(args)).effective()
+    overrides = _overrides(args)
+    if args.scenario:
+        wanted = load_scenario(args.scenario, overrides).effective()
+    elif overrides:  # flags on top of the stored scenario (its file may be anywhere, not a name in scenarios/)
+        data = json.loads(json.dumps(manifest["scenario"]))
+        for dotted, value in overrides.items():
+            *parents, leaf = dotted.split(".")
+            node = data
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        wanted = scenario_from_dict(data, f"{run_dir}/manifest.json (with CLI overrides)").effective()
+    if args.scenario or overrides:
         old, new = _flatten(stored.model_dump(mode="json")), _flatten(wanted.model_dump(mode="json"))
         changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         if changed:
@@ -154,6 +165,12 @@ def _resume_plan(args: argparse.Namespace):
     if changed:
         raise UsageError(f"cannot resume {run_dir}: installed versions changed ({'; '.join(changed)}); "
                          f"results would not be comparable — start a new run")
+    try:  # resume rewrites the manifest and CSVs: refuse a read-only run dir before any server starts
+        records.atomic_write_text(run_dir / ".write-test", "ok")
+        (run_dir / ".write-test").unlink()
+    except OSError as error:
+        raise UsageError(f"cannot write to {run_dir} ({error.strerror or error}); resume needs a writable run "
+                         f"directory — copy it somewhere writable and resume the copy") from None
     host = machine.detect()
     check_machine(stored, host)
     return build_plan(stored, host), run_dir, manifest
@@ -203,6 +220,8 @@ def _conclude(run_dir: Path, console) -> int:
     """Verdict (verdict.json, summary.md) then report.html, from the stored files. Returns the gate's exit code.
 
     A failure here loses nothing: the measurements are on disk and `dsa-bench gate/report RUN_DIR` can redo it."""
+    from rich.markup import escape
+
     from harness.gate import exit_code, print_gate, run_gate
     from harness.report import render_report
 
@@ -212,11 +231,11 @@ def _conclude(run_dir: Path, console) -> int:
         print_gate(result, console)
         code = exit_code(result)
     except Exception as error:  # noqa: BLE001
-        console.print(f"[red]verdict failed ({error}); re-run `dsa-bench gate {run_dir}`[/]")
+        console.print(f"[red]verdict failed ({escape(str(error))}); re-run `dsa-bench gate {run_dir}`[/]")
     try:
         render_report(run_dir)
     except Exception as error:  # noqa: BLE001
-        console.print(f"[red]report rendering failed ({error}); re-run `dsa-bench report {run_dir}`[/]")
+        console.print(f"[red]report rendering failed ({escape(str(error))}); re-run `dsa-bench report {run_dir}`[/]")
     return code
 
 
@@ -238,9 +257,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     result = run_gate(Path(args.run_dir), policy)
     print_gate(result, Console())
     if Path(args.run_dir, "report.html").exists():  # keep the report's verdict section in step with verdict.json
+        from harness.records import RunDirError
         from harness.report import render_report
 
-        render_report(Path(args.run_dir))
+        try:
+            render_report(Path(args.run_dir))
+        except (RunDirError, OSError) as error:  # the verdict (e.g. INVALID on a corrupted CSV) keeps its exit code
+            print(f"dsa-bench: report.html not updated: {error}", file=sys.stderr)
     return exit_code(result)
 
 

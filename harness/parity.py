@@ -1,8 +1,8 @@
 """Output parity between the arms: the same fixed prompts, greedy, to each arm's server; compare the token ids.
 
-Before the load sweep each arm gets :func:`fixed_prompts` (default 16 prompts) one at a time (so both arms see the
-same batch composition: one request), ``max_tokens`` 64, temperature 0, ``ignore_eos`` (every prompt yields exactly
-``max_tokens`` tokens), ``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
+Before the load sweep each arm gets :func:`fixed_prompts` (default 16 prompts, all sent at once unless
+``concurrency`` says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` (every prompt
+yields exactly ``max_tokens`` tokens), ``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
 ``return_tokens_as_token_ids`` (top-logprob keys are ``"token_id:<id>"``, unambiguous even when two byte-level tokens
 decode to the same text). Fields as in vLLM 0.32 ``entrypoints/openai/completion/protocol.py``
 (``CompletionRequest``, ``CompletionResponseChoice.token_ids``, ``CompletionLogProbs``).
@@ -99,29 +99,40 @@ def request_body(served_model_name: str, prompt: str, max_tokens: int, seed: int
 
 
 def collect(base_url: str, served_model_name: str, prompts: Sequence[str], max_tokens: int = 64,
-            headers: Mapping[str, str] | None = None, timeout_s: float = 300.0) -> list[dict[str, Any]]:
-    """Send each prompt (sequentially, one request in flight) and record the generated tokens.
+            headers: Mapping[str, str] | None = None, timeout_s: float = 300.0,
+            concurrency: int | None = None) -> list[dict[str, Any]]:
+    """Send the prompts, at most ``concurrency`` in flight (None: all at once), and record the generated tokens.
 
-    Returns one dict per prompt: ``{"index", "prompt", "text", "finish_reason", "token_ids", "logprobs", "top"}``
-    (see :func:`parse_choice`).
+    All at once is the default because it is ~9× faster on 2 CPU cores (16 × 64 tokens on cpu-tiny: 2.9 s against
+    26.5 s one by one) and both arms then get the same request pattern; ``concurrency=1`` gives every request a batch
+    of its own, which rules out batch-size-dependent numerics as a cause of a divergence.
+
+    Returns one dict per prompt, in prompt order: ``{"index", "prompt", "text", "finish_reason", "token_ids",
+    "logprobs", "top"}`` (see :func:`parse_choice`).
 
     Raises:
         requests.RequestException: a request failed or timed out (``timeout_s`` per request).
         ValueError: an answer lacks token ids or logprobs.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import requests
 
-    rows = []
-    with requests.Session() as session:
-        for index, prompt in enumerate(prompts):
-            response = session.post(f"{base_url}/v1/completions", json=request_body(served_model_name, prompt,
-                                                                                     max_tokens),
-                                    headers=dict(headers or {}), timeout=timeout_s)
-            response.raise_for_status()
-            choice = response.json()["choices"][0]
-            rows.append({"index": index, "prompt": prompt, "text": choice.get("text", ""),
-                         "finish_reason": choice.get("finish_reason"), **parse_choice(choice)})
-    return rows
+    def one(index: int) -> dict[str, Any]:
+        prompt = prompts[index]
+        response = requests.post(f"{base_url}/v1/completions",
+                                 json=request_body(served_model_name, prompt, max_tokens),
+                                 headers=dict(headers or {}), timeout=timeout_s)
+        response.raise_for_status()
+        choice = response.json()["choices"][0]
+        return {"index": index, "prompt": prompt, "text": choice.get("text", ""),
+                "finish_reason": choice.get("finish_reason"), **parse_choice(choice)}
+
+    if not prompts:
+        return []
+    workers = max(1, min(len(prompts), concurrency or len(prompts)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(one, range(len(prompts))))
 
 
 def _margin(top: Sequence[Sequence[float]]) -> float | None:
@@ -266,16 +277,17 @@ def load_comparison(run_dir: Path) -> dict[str, Any] | None:
 
 
 def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, headers: Mapping[str, str] | None = None,
-            n: int = 16, max_tokens: int = 64, seed: int = 0, timeout_s: float = 300.0) -> Path:
+            n: int = 16, max_tokens: int = 64, seed: int = 0, timeout_s: float = 300.0,
+            concurrency: int | None = None) -> Path:
     """:func:`collect` :func:`fixed_prompts` from one arm's running server and :func:`save_arm` them (the runner's
     one call per arm, before the sweep). Returns the written path.
 
     Raises:
         requests.RequestException, ValueError: as :func:`collect`.
     """
-    rows = collect(base_url, served_model_name, fixed_prompts(n, seed), max_tokens, headers, timeout_s)
+    rows = collect(base_url, served_model_name, fixed_prompts(n, seed), max_tokens, headers, timeout_s, concurrency)
     return save_arm(run_dir, arm, rows, {"n": n, "max_tokens": max_tokens, "seed": seed, "temperature": 0.0,
-                                         "ignore_eos": True, "logprobs": 2})
+                                         "ignore_eos": True, "logprobs": 2, "concurrency": concurrency or n})
 
 
 def compare_run_dir(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),

@@ -140,9 +140,14 @@ def _model_location(scenario: Scenario) -> tuple[str, str]:
     """(model path or id, tokenizer path or id); a ``generated:<name>`` model is made on first use."""
     model = scenario.model
     if model.id.startswith("generated:"):
+        from dsa_route.tinydsa import TINY_DSA_MODELS, ensure_tiny_dsa_model
         from harness.tinymodel import ensure_tiny_model
 
-        path = str(ensure_tiny_model(model.id.split(":", 1)[1]))
+        name = model.id.split(":", 1)[1]
+        if name in TINY_DSA_MODELS:  # seeded safetensors + the tiny DeepSeek-V3 tokenizer
+            path = str(ensure_tiny_dsa_model(name, tokenizer_dir=ensure_tiny_model("tiny-deepseek-v3")))
+        else:
+            path = str(ensure_tiny_model(name))
         return path, model.tokenizer or path
     local = resolve_path(model.id)
     path = str(local) if local.exists() else model.id
@@ -193,10 +198,14 @@ def build_plan(scenario: Scenario, machine: Machine) -> Plan:
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
         ))
     baseline, candidate = arms
-    if baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env:
+    identical = baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env
+    if identical and not scenario.allow_identical_arms:
         raise PlanError(f"on {machine.name} both arms resolve to the same server command and environment; "
                         f"nothing would be compared — add arm-specific extra_args or run on another platform")
     notes = []
+    if identical:
+        notes.append("A/A calibration run: both arms use the same server command and environment on purpose "
+                     "(allow_identical_arms); any difference is noise.")
     if any(arm.unavailable for arm in arms):
         notes.append(f"On this {machine.name} build some knobs of the routing change do not exist "
                      f"({'; '.join(sorted({u for arm in arms for u in arm.unavailable}))}). The arms therefore differ "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness import attest, machine as machine_mod, procs, records
@@ -173,7 +174,7 @@ class Runner:
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
-                           + (f" — [red]path mismatch: {'; '.join(mismatches)}[/]" if mismatches else ""))
+                           + (f" — [red]path mismatch: {escape('; '.join(mismatches))}[/]" if mismatches else ""))
         return server
 
     def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
@@ -202,7 +203,7 @@ class Runner:
                     self.servers[arm.name] = self._connect_remote(arm, self.options.base_urls[arm.name])
                 except ServerError as error:
                     self.dead_arms[arm.name] = str(error)
-                    self.console.print(f"[red]{arm.name}: {error}[/]")
+                    self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             return self.servers.get(arm.name)
         if not self.plan.scenario.serve.concurrent_servers:
             for name in [n for n in self.servers if n != arm.name]:
@@ -216,8 +217,9 @@ class Runner:
         try:
             self.servers[arm.name] = self._start_server(arm)
         except ServerError as error:
-            self.dead_arms[arm.name] = f"server failed to start: {str(error).splitlines()[0]}"
-            self.console.print(f"[red]{arm.name}: {error}[/]")
+            first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
+            self.dead_arms[arm.name] = f"server failed to start: {first}"
+            self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             self.servers.pop(arm.name, None)
             return None
         return self.servers[arm.name]
@@ -287,7 +289,7 @@ class Runner:
                         entry["status"] = "done"
                     except (LevelError, ValueError) as error:
                         entry["status"] = f"failed: {error}"
-                        self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {error}[/]")
+                        self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {escape(str(error))}[/]")
                         if not server.alive():
                             self.dead_arms[name] = "server died"
                         elif not self.options.continue_on_error:

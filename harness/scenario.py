@@ -172,12 +172,15 @@ class Scenario(_Frozen):
     mtp: MtpSpec = MtpSpec()
     accuracy: AccuracySpec = AccuracySpec()
     gate: GatePolicy = GatePolicy()
+    allow_identical_arms: bool = False   # A/A calibration: both arms the same path on purpose
 
     @model_validator(mode="after")
     def _two_arms(self) -> "Scenario":
-        routes = sorted(arm.route for arm in self.arms.values())
-        if routes != ["baseline", "candidate"]:
-            raise ValueError("[arms] must declare exactly one arm with route='baseline' and one with route='candidate'")
+        if set(self.arms) != {"baseline", "candidate"}:
+            raise ValueError("[arms] must declare exactly two arms, [arms.baseline] and [arms.candidate]")
+        if not self.allow_identical_arms and self.arms["baseline"].route == self.arms["candidate"].route:
+            raise ValueError("[arms.baseline] and [arms.candidate] pin the same route; set allow_identical_arms = true "
+                             "for an A/A calibration run")
         return self
 
     @model_validator(mode="after")
@@ -203,7 +206,7 @@ class Scenario(_Frozen):
 
     def arm_names(self) -> list[str]:
         """Arm names, baseline first."""
-        return sorted(self.arms, key=lambda name: self.arms[name].route != "baseline")
+        return ["baseline", "candidate"]
 
 
 def _format_error(source: str, error: ValidationError) -> str:

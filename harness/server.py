@@ -105,6 +105,14 @@ class VllmServer(_Endpoint):
         except OSError as error:
             raise ServerError(f"cannot start {self.argv[0]} ({error.strerror or error}); run scripts/setup.sh "
                               f"to install vLLM into .venv/") from None
+        try:
+            return self._wait_ready(started, timeout_s)
+        except BaseException:
+            self.stop()  # a server that never became ready (or a Ctrl-C while waiting) leaves nothing running
+            raise
+
+    def _wait_ready(self, started: float, timeout_s: float) -> float:
+        assert self.proc is not None
         deadline = started + timeout_s
         last_error = "no answer yet"
         while time.monotonic() < deadline:

@@ -3,17 +3,17 @@
 vLLM (``vllm/v1/spec_decode/metrics.py``, ``SpecDecodingProm``, vLLM 0.32) exports four counters, each summed here over
 engines (``scrape_metrics`` drops the ``model_name``/``engine`` labels)::
 
-    vllm:spec_decode_num_drafts_total                         drafts proposed (one per request per decode step)
-    vllm:spec_decode_num_draft_tokens_total                   draft tokens proposed (= drafts × k with k speculative tokens)
-    vllm:spec_decode_num_accepted_tokens_total                draft tokens the target model accepted
-    vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   accepted draft tokens at draft position i (0-based)
+    vllm:spec_decode_num_drafts_total                   drafts proposed (one per request per decode step)
+    vllm:spec_decode_num_draft_tokens_total             draft tokens proposed (= drafts × k, k speculative tokens)
+    vllm:spec_decode_num_accepted_tokens_total          draft tokens the target model accepted
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   accepted draft tokens at position i (0-based)
 
 They exist only when the server runs with ``--speculative-config``. Over a window (counter deltas, ``Δ``), with the
 formulas of vLLM's own docstring and of ``vllm bench serve`` (``benchmarks/serve.py``)::
 
     acceptance_rate      = Δaccepted_tokens / Δdraft_tokens              (fraction 0..1; vLLM bench prints it × 100)
     acceptance_length    = 1 + Δaccepted_tokens / Δdrafts                 (tokens emitted per target step, ≥ 1)
-    acceptance_per_pos[i] = Δaccepted_per_pos[i] / Δdrafts                (fraction of drafts whose position i was accepted)
+    acceptance_per_pos[i] = Δaccepted_per_pos[i] / Δdrafts                (share of drafts accepted at position i)
 
 A window with MTP off (no counters) or without a single draft has ``None`` for the ratios; counts are ``None`` when MTP
 is off and ``0`` when it is on but idle.

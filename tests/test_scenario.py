@@ -47,7 +47,8 @@ BASE = (Path(SCENARIOS_DIR) / "cpu-tiny.toml").read_text()
     ('architecture = "DeepseekV3ForCausalLM"', 'architecture = "LlamaForCausalLM"', "model.architecture",
      "use one of"),
     ("[serve]", '[serve]\nquantization = "int3"', "serve.quantization", "use one of"),
-    ('route = "candidate"', 'route = "baseline"', "(top level)", "exactly one arm"),
+    ('route = "candidate"', 'route = "baseline"', "(top level)", "allow_identical_arms"),
+    ("[arms.candidate]", "[arms.other]", "(top level)", "exactly two arms"),
     ("max_num_batched_tokens = 1024", "max_num_batched_tokens = 512", "(top level)", "set serve.max_num_batched_tokens ≥ 1024"),
 ])
 def test_bad_values_name_file_key_and_fix(tmp_path, old, new, key, hint):

@@ -5,8 +5,9 @@ and ``logs/``; writes nothing. Every field tolerates a partial run: a manifest k
 missing yields "not run"/"—" in the page instead of an exception.
 
 Sections that later issues fill (verdict with intervals, GSM8K per arm with McNemar, output parity, MTP acceptance)
-are passed in as plain dicts through ``sections=``; see :data:`SECTION_KEYS` and :func:`build_context`. Without them
-the page says "not measured in this run".
+are passed in as plain dicts through ``sections=``; see :data:`SECTION_KEYS` and :func:`build_context`. The GSM8K,
+parity and MTP sections are also read from the run directory when not passed (:func:`load_sections`: ``parity.json``,
+``accuracy/summary.json``, the MTP columns of ``levels.csv``). Without data the page says "not measured in this run".
 """
 
 from __future__ import annotations
@@ -487,20 +488,216 @@ def _files(run_dir: Path) -> list[tuple[str, int]]:
     return found
 
 
+# ----------------------------------------------------------------------------------------------- issue-5 sections
+PARITY_FILE = "parity.json"                    # written by harness.parity.save_comparison
+ACCURACY_SUMMARY = "accuracy/summary.json"     # written by harness.accuracy.summarize / record_skipped
+MTP_COLUMNS: tuple[str, ...] = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
+                                "acceptance_length", "acceptance_per_pos")
+"""``levels.csv`` columns of MTP acceptance (harness.spec_decode.LEVEL_COLUMNS); optional."""
+
+GSM8K_REFERENCE_PCT = 94.768
+GSM8K_REFERENCE = f"{GSM8K_REFERENCE_PCT} % GSM8K exact_match on GLM-5.2 NVFP4 (upstream figure)"
+MTP_REFERENCE_PCT = 79.1
+MTP_REFERENCE = f"{MTP_REFERENCE_PCT} % MTP acceptance rate (upstream figure)"
+GSM8K_FILTERS = ("strict-match", "flexible-extract")
+
+
+def _read_json(path: Path) -> Any:
+    """JSON of ``path`` or None when absent. Raises RunDirError when the file exists but is not JSON."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise records.RunDirError(f"{path}: not valid JSON ({error}); re-run that step with --resume") from error
+
+
+def _is_gpu_scenario(manifest: Mapping[str, Any]) -> bool:
+    scenario = manifest.get("scenario")
+    return isinstance(scenario, Mapping) and scenario.get("platform") == "cuda"
+
+
+def _pct(value: Any) -> float | None:
+    number = _float(value)
+    return None if number is None else 100.0 * number
+
+
+def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
+    """The ``gsm8k`` section from ``accuracy/summary.json`` (see harness.accuracy.summarize): per arm and filter
+    accuracy ± stderr in %, the paired rows, why an arm is missing, and the upstream reference on GPU scenarios.
+    A skipped run gives its reason (a string: "not measured: <reason>")."""
+    if not isinstance(summary, Mapping):
+        return None
+    if summary.get("status") == "skipped":
+        return _show(summary.get("reason") or "GSM8K skipped")
+    rows, notes = [], []
+    for arm in ARMS:
+        info = (summary.get("arms") or {}).get(arm)
+        if not isinstance(info, Mapping):
+            continue
+        filters = info.get("filters") if isinstance(info.get("filters"), Mapping) else {}
+        if info.get("status") != "done" or not filters:
+            notes.append(f"{arm}: {_show(info.get('status'))}")
+            continue
+        for name in [f for f in GSM8K_FILTERS if f in filters] + [f for f in filters if f not in GSM8K_FILTERS]:
+            values = filters[name] if isinstance(filters[name], Mapping) else {}
+            rows.append({"arm": arm, "filter": name, "accuracy_pct": _pct(values.get("accuracy")),
+                         "stderr_pct": _pct(values.get("stderr")), "n": values.get("n")})
+    paired = []
+    for row in summary.get("paired") or []:
+        if isinstance(row, Mapping):
+            ci = row.get("ci95_pts")
+            paired.append({**row, "ci_low_pts": ci[0] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
+                           "ci_high_pts": ci[1] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None})
+    first = next((info for info in (summary.get("arms") or {}).values()
+                  if isinstance(info, Mapping) and info.get("status") == "done"), {})
+    setup = ""
+    if first:
+        limit = first.get("limit")
+        setup = (f"lm-eval task {_show(first.get('task'))}, {_show(first.get('num_fewshot'))}-shot, "
+                 f"{'full test set' if limit in (None, '') else f'first {limit} questions'}, data: "
+                 f"{_show(first.get('source'))}")
+    return {"arms": rows, "paired": paired, "notes": notes, "setup": setup,
+            "reference": GSM8K_REFERENCE if gpu else None, "reference_pct": GSM8K_REFERENCE_PCT if gpu else None}
+
+
+def parity_section(result: Any) -> dict[str, Any] | None:
+    """The ``parity`` section from ``parity.json`` (harness.parity.compare's result, already in the report's shape)."""
+    return dict(result) if isinstance(result, Mapping) else None
+
+
+def _pooled_mtp(frame) -> dict[str, Any]:
+    """Acceptance over the repeats of one arm × level: counts summed, ratios recomputed from the sums
+    (rate = Σaccepted / Σdraft tokens, length = 1 + Σaccepted / Σdrafts, per position weighted by drafts);
+    without counts, the median of the stored ratios."""
+    drafts = [_float(v) for v in frame["spec_drafts"]] if "spec_drafts" in frame else []
+    tokens = [_float(v) for v in frame["spec_draft_tokens"]] if "spec_draft_tokens" in frame else []
+    accepted = [_float(v) for v in frame["spec_accepted_tokens"]] if "spec_accepted_tokens" in frame else []
+    per_pos_cells = list(frame["acceptance_per_pos"]) if "acceptance_per_pos" in frame else [None] * len(frame)
+    complete = [i for i in range(len(frame))
+                if drafts and tokens and accepted and None not in (drafts[i], tokens[i], accepted[i])]
+    if complete and sum(drafts[i] for i in complete) > 0:
+        total_drafts = sum(drafts[i] for i in complete)
+        total_tokens = sum(tokens[i] for i in complete)
+        total_accepted = sum(accepted[i] for i in complete)
+        weighted: list[float] = []
+        for i in complete:
+            for pos, value in enumerate(_per_pos(per_pos_cells[i])):
+                if pos == len(weighted):
+                    weighted.append(0.0)
+                weighted[pos] += value * drafts[i]
+        return {"acceptance_rate_pct": 100.0 * total_accepted / total_tokens if total_tokens else None,
+                "acceptance_length": 1.0 + total_accepted / total_drafts,
+                "per_position": [100.0 * w / total_drafts for w in weighted],
+                "drafts": int(total_drafts), "draft_tokens": int(total_tokens), "accepted": int(total_accepted)}
+    rates = [_float(v) for v in frame["acceptance_rate"]] if "acceptance_rate" in frame else []
+    lengths = [_float(v) for v in frame["acceptance_length"]] if "acceptance_length" in frame else []
+    rate, length = summarize([r for r in rates if r is not None]), summarize([x for x in lengths if x is not None])
+    return {"acceptance_rate_pct": None if rate.value is None else 100.0 * rate.value,
+            "acceptance_length": length.value, "per_position": [],
+            "drafts": int(sum(d for d in drafts if d is not None)) if drafts else None,
+            "draft_tokens": None, "accepted": None}
+
+
+def _per_pos(cell: Any) -> list[float]:
+    """A ``levels.csv`` ``acceptance_per_pos`` cell (fractions joined by ``;``) as a list."""
+    if _float(cell) is not None:
+        return [float(cell)]
+    if not isinstance(cell, str) or not cell.strip():
+        return []
+    values = [_float(part) for part in cell.split(";")]
+    return [v for v in values if v is not None]
+
+
+def mtp_section(levels, manifest: Mapping[str, Any]) -> dict[str, Any] | str | None:
+    """The ``mtp`` section from the MTP columns of ``levels.csv``: one row per level × arm, and the reference on GPU
+    scenarios. A run with MTP off says so; a run whose levels.csv has no acceptance yields None."""
+    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
+    mtp = scenario.get("mtp") if isinstance(scenario.get("mtp"), Mapping) else {}
+    if mtp and not mtp.get("num_speculative_tokens"):
+        return "MTP is off in this run (mtp.num_speculative_tokens = 0)"
+    present = [c for c in MTP_COLUMNS if c in levels.columns]
+    if not len(levels) or "acceptance_rate" not in present:
+        return None
+    has_value = levels["acceptance_rate"].map(lambda v: _float(v) is not None)
+    if "spec_drafts" in present:
+        has_value |= levels["spec_drafts"].map(lambda v: _float(v) is not None)
+    if not has_value.any():
+        return None
+    rows = []
+    for concurrency in sorted(int(c) for c in levels["concurrency"].dropna().unique()):
+        for arm in ARMS:
+            frame = levels[(levels["arm"] == arm) & (levels["concurrency"] == concurrency) & has_value]
+            if len(frame):
+                rows.append({"concurrency": concurrency, "arm": arm, **_pooled_mtp(frame)})
+    k = mtp.get("num_speculative_tokens") if mtp else None
+    gpu = _is_gpu_scenario(manifest)
+    return {"rows": rows, "num_speculative_tokens": k, "plot": _acceptance_plot(rows, _float(k)),
+            "reference": MTP_REFERENCE if gpu else None, "reference_pct": MTP_REFERENCE_PCT if gpu else None}
+
+
+def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict[str, str] | None:
+    """Acceptance length vs concurrency, one line per arm, as ``{"uri", "alt", "caption"}`` (None without data).
+
+    The y axis spans 1 (no draft accepted) to 1 + ``k`` (every draft accepted) when ``k``, the speculative tokens per
+    draft, is known.
+
+    Drawn here rather than in :mod:`harness.report.plots` because it needs only the MTP rows (plots imports this
+    module, hence the import inside the function).
+    """
+    from harness.report import plots
+
+    figure, axes = plots._figure()
+    drawn = []
+    for arm in ARMS:
+        points = [(r["concurrency"], r["acceptance_length"]) for r in rows
+                  if r["arm"] == arm and _float(r.get("acceptance_length")) is not None]
+        if points:
+            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=plots.ARM_COLORS[arm],
+                      label=arm)
+            drawn.extend(p[0] for p in points)
+    if not drawn:
+        return None
+    plots._concurrency_axis(axes, sorted(set(drawn)))
+    axes.set_ylabel("acceptance length (tokens per step)")
+    highest = max(float(r["acceptance_length"]) for r in rows if _float(r.get("acceptance_length")) is not None)
+    axes.set_ylim(0.95, max(1.0 + k if k else 0.0, highest) + 0.05)
+    axes.legend(loc="best")
+    axes.set_title("MTP acceptance length vs concurrency (higher is better)")
+    return {"uri": plots.png_data_uri(figure),
+            "alt": "Line chart: MTP acceptance length (tokens per target step) against concurrency, per arm.",
+            "caption": "Acceptance length = 1 + accepted draft tokens / drafts over each level's measured window."}
+
+
+def load_sections(run_dir: Path, manifest: Mapping[str, Any], levels) -> dict[str, Any]:
+    """The GSM8K, parity and MTP sections read from ``run_dir`` (values None when the run has no such data)."""
+    run_dir = Path(run_dir)
+    gpu = _is_gpu_scenario(manifest)
+    return {
+        "gsm8k": gsm8k_section(_read_json(run_dir / ACCURACY_SUMMARY), gpu),
+        "parity": parity_section(_read_json(run_dir / PARITY_FILE)),
+        "mtp": mtp_section(levels, manifest),
+    }
+
+
 def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything the template needs, read from ``run_dir``.
 
     ``sections`` optionally fills the later-issue sections (each key absent or ``None`` → "not measured in this run";
-    a string → "not measured" with that reason). Shapes (all values plain, all strings escaped by the template):
+    a string → "not measured" with that reason). Keys not passed are read from the run directory
+    (:func:`load_sections`). Shapes (all values plain, all strings escaped by the template):
 
     - ``verdict``: ``{"overall": "PASS"|"FAIL"|"INCONCLUSIVE"|"INVALID", "policy": str, "cells": [{"concurrency",
       "metric", "delta_pct", "ci_low_pct", "ci_high_pct", "margin_pct", "result", "note"}]}``; cells whose metric is a
       ``levels.csv`` column also give the Δ % plot its error bars.
     - ``gsm8k``: ``{"arms": [{"arm", "filter", "accuracy_pct", "stderr_pct", "n"}], "paired": [{"filter",
-      "difference_pts", "baseline_only", "candidate_only", "p_value"}], "reference": str}``.
-    - ``parity``: ``{"exact_match_rate_pct", "prompts_total", "tolerance", "divergences": [{"prompt_index", "prompt",
-      "position", "max_logprob_diff", "margin", "near_tie"}]}``.
-    - ``mtp``: ``{"rows": [{"concurrency", "arm", "acceptance_rate_pct", "acceptance_length", "per_position"}],
+      "difference_pts", "baseline_only", "candidate_only", "p_value", "ci_low_pts", "ci_high_pts"}], "notes": [str],
+      "setup": str, "reference": str}``.
+    - ``parity``: ``{"exact_match_rate_pct", "prompts_total", "tolerance", "max_logprob_diff", "near_ties",
+      "failures", "divergences": [{"prompt_index", "prompt", "position", "max_logprob_diff", "margin",
+      "near_tie"}]}``.
+    - ``mtp``: ``{"rows": [{"concurrency", "arm", "acceptance_rate_pct", "acceptance_length", "per_position" (%),
+      "drafts", "draft_tokens", "accepted"}], "num_speculative_tokens", "plot": {"uri", "alt", "caption"},
       "reference": str}``.
 
     Raises:
@@ -525,6 +722,8 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
     unknown = set(given) - set(SECTION_KEYS)
     if unknown:
         raise ValueError(f"unknown report sections {sorted(unknown)}; expected a subset of {SECTION_KEYS}")
+    for key, value in load_sections(run_dir, manifest, levels).items():
+        given.setdefault(key, value)        # a section passed in wins over the run directory's files
     return {
         "run_id": _show(manifest.get("run_id") or run_dir.name),
         "status": _show(manifest.get("status")),

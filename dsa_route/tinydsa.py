@@ -1,0 +1,197 @@
+"""Tiny DeepSeek Sparse Attention models, generated locally with seeded weights, for the ``cpu-tiny-dsa`` scenario and
+the vLLM-CPU parity tests.
+
+:func:`ensure_tiny_dsa_model` writes, once per parameter set, a model directory that ``vllm serve`` loads (through
+the dsa_route plugin, see :mod:`dsa_route.vllm_cpu`) and that :meth:`dsa_route.dsa.DsaForCausalLM.from_pretrained`
+loads too — the same safetensors in both, so greedy tokens can be compared::
+
+    <cache>/<name>-<hash>/
+        config.json              DeepseekV32ForCausalLM / GlmMoeDsaForCausalLM (DsaConfig.to_hf_config)
+        model.safetensors        DsaForCausalLM.random(config, seed) in ``torch_dtype`` (bf16 by default), HF names
+        generation_config.json   bos/eos ids only
+        tokenizer.json, tokenizer_config.json, chat_template.jinja
+                                 copied from ``tokenizer_dir`` (the caller passes the tiny DeepSeek-V3 model's directory:
+                                 ``harness.tinymodel.ensure_tiny_model()``; dsa_route never imports the harness)
+        dsa-route-tinydsa.json   what generated this directory (spec, generator version, hash)
+
+``<cache>`` is ``$DSA_BENCH_CACHE`` or ``~/.cache/dsa-bench`` (the harness's cache rule); ``<hash>`` covers the spec,
+:data:`GENERATOR_VERSION` and the tokenizer's bytes. Built in a temporary sibling and renamed into place.
+
+Geometry (defaults = the ``tiny-deepseek-v32`` preset): the tiny DeepSeek-V3 model's layers (hidden 256, 4 heads,
+q_lora_rank 128, kv_lora_rank 512 + rope 64 = the real 576-wide latent cache, 4 layers = 1 dense + 3 MoE with 8 experts
+in 4 groups, 1 MTP layer) plus a lightning indexer (4 heads × 128, index_topk 32, so any context past 32 tokens is
+really sparse). The GLM preset (``tiny-glm-moe-dsa``) differs in indexer RoPE (interleaved), plain RoPE and one
+shared-top-k layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GENERATOR_VERSION = 1
+MANIFEST_FILE = "dsa-route-tinydsa.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+TORCH_DTYPES = ("bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class TinyDsaSpec:
+    """Parameters of a generated tiny DSA model (every field is part of the cache key).
+
+    ``vocab_size`` must equal the tokenizer's size (514 for the tiny DeepSeek-V3 tokenizer: 512 BPE + 2 specials).
+    """
+
+    model_type: str = "deepseek_v32"
+    vocab_size: int = 514
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    moe_intermediate_size: int = 128
+    num_hidden_layers: int = 4
+    first_k_dense_replace: int = 1
+    num_attention_heads: int = 4
+    q_lora_rank: int = 128
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 64
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 64
+    index_n_heads: int = 4
+    index_head_dim: int = 128
+    index_topk: int = 32
+    n_routed_experts: int = 8
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 2
+    n_group: int = 4
+    topk_group: int = 2
+    routed_scaling_factor: float = 2.5
+    num_nextn_predict_layers: int = 1
+    max_position_embeddings: int = 4096
+    torch_dtype: str = "bfloat16"
+    seed: int = 0
+
+    def hf_config(self) -> dict:
+        """config.json content (``DsaConfig.to_hf_config`` of :meth:`dsa_config`, plus ``torch_dtype``)."""
+        hf = self.dsa_config().to_hf_config()
+        hf["torch_dtype"] = self.torch_dtype
+        return hf
+
+    def dsa_config(self):
+        """The :class:`dsa_route.dsa.DsaConfig` (validated; raises ValueError naming a bad field)."""
+        from dsa_route.dsa import DsaConfig
+
+        if self.torch_dtype not in TORCH_DTYPES:
+            raise ValueError(f"torch_dtype: expected one of {TORCH_DTYPES}, got {self.torch_dtype!r}")
+        hf = {k: v for k, v in asdict(self).items() if k not in ("torch_dtype", "seed")}
+        hf.update(scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True, rms_norm_eps=1e-6)
+        if self.model_type == "deepseek_v32":  # YaRN, as DeepSeek-V3.2 ships (exercises mscale in the softmax scale)
+            hf["rope_theta"] = 10000.0
+            hf["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+        else:  # GLM-5: plain RoPE, interleaved indexer RoPE, the last layer reuses the previous layer's top-k
+            hf["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0}
+            hf["indexer_rope_interleave"] = True
+            hf["indexer_types"] = ["full"] * (self.num_hidden_layers - 1) + ["shared"]
+        return DsaConfig.from_hf_config(hf)
+
+    def cache_key(self, tokenizer_digest: str) -> str:
+        payload = json.dumps({"generator_version": GENERATOR_VERSION, "tokenizer": tokenizer_digest, **asdict(self)},
+                             sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+TINY_DSA_MODELS: dict[str, TinyDsaSpec] = {
+    "tiny-deepseek-v32": TinyDsaSpec(),
+    "tiny-glm-moe-dsa": TinyDsaSpec(model_type="glm_moe_dsa"),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$DSA_BENCH_CACHE`` if set and non-empty, else ``~/.cache/dsa-bench`` (same rule as the harness)."""
+    env = os.environ.get("DSA_BENCH_CACHE", "")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsa-bench"
+
+
+def _tokenizer_digest(tokenizer_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            h.update(name.encode() + b"\0" + (tokenizer_dir / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def ensure_tiny_dsa_model(name: str = "tiny-deepseek-v32", cache_dir: Path | None = None, *,
+                          tokenizer_dir: str | Path, spec: TinyDsaSpec | None = None) -> Path:
+    """Return the directory of tiny DSA model ``name``, generating it first if it is not in the cache.
+
+    Args:
+        name: a preset of :data:`TINY_DSA_MODELS` (``tiny-deepseek-v32``, ``tiny-glm-moe-dsa``) unless ``spec`` is
+            given (then it only labels the directory).
+        cache_dir: cache root (default :func:`default_cache_dir`).
+        tokenizer_dir: a directory holding ``tokenizer.json`` (+ config, chat template); its vocabulary size must equal
+            ``spec.vocab_size``. The harness passes ``harness.tinymodel.ensure_tiny_model("tiny-deepseek-v3")``.
+        spec: explicit parameters.
+
+    Returns:
+        The model directory (servable by ``vllm serve`` without ``--load-format dummy``).
+
+    Raises:
+        ValueError: unknown preset, invalid spec, or a tokenizer whose size differs from ``vocab_size``.
+        FileNotFoundError: ``tokenizer_dir`` has no ``tokenizer.json``.
+    """
+    if spec is None:
+        try:
+            spec = TINY_DSA_MODELS[name]
+        except KeyError:
+            raise ValueError(f"unknown tiny DSA model {name!r}; known: {', '.join(sorted(TINY_DSA_MODELS))}") from None
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"tokenizer_dir: {tokenizer_dir} has no tokenizer.json")
+    config = spec.dsa_config()  # validates before anything is written
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / f"{name}-{spec.cache_key(_tokenizer_digest(tokenizer_dir))}"
+    if (final / MANIFEST_FILE).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        _write_model_dir(tmp, name, spec, config, tokenizer_dir)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # lost a race to an identical directory, or a stale incomplete one is in the way
+            if not (final / MANIFEST_FILE).is_file():
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_model_dir(out: Path, name: str, spec: TinyDsaSpec, config, tokenizer_dir: Path) -> None:
+    import torch
+
+    from dsa_route.dsa import DsaForCausalLM
+
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    size = len(tok["model"]["vocab"]) + sum(1 for t in tok.get("added_tokens", []) if t["id"] >= len(tok["model"]["vocab"]))
+    if size != spec.vocab_size:
+        raise ValueError(f"vocab_size: the tokenizer in {tokenizer_dir} has {size} tokens, the spec {spec.vocab_size}")
+    for fname in TOKENIZER_FILES:
+        if (tokenizer_dir / fname).is_file():
+            shutil.copyfile(tokenizer_dir / fname, out / fname)
+    dtype = getattr(torch, spec.torch_dtype)
+    model = DsaForCausalLM(config, dtype=dtype).init_random(spec.seed)
+    model.save_pretrained(out)  # config.json (with torch_dtype) + model.safetensors
+    hf = json.loads((out / "config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": hf["bos_token_id"], "eos_token_id": hf["eos_token_id"]}, indent=2) + "\n")
+    (out / MANIFEST_FILE).write_text(json.dumps(
+        {"name": name, "generator_version": GENERATOR_VERSION, "spec": asdict(spec)}, indent=2) + "\n")
+
+
+__all__ = ["GENERATOR_VERSION", "TINY_DSA_MODELS", "TinyDsaSpec", "default_cache_dir", "ensure_tiny_dsa_model"]

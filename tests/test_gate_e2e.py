@@ -1,0 +1,37 @@
+"""The gate on real vLLM CPU runs (slow): an A/A run never FAILs; a deliberately slowed candidate FAILs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
+SCENARIOS = Path(__file__).parent / "fixtures" / "gate_scenarios"
+
+pytestmark = pytest.mark.slow
+
+
+def _compare_with_gate(scenario: str, out: Path) -> tuple[int, dict]:
+    proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", str(SCENARIOS / f"{scenario}.toml"),
+                           "--out", str(out), "--gate"], cwd=REPO, capture_output=True, text=True, timeout=1500)
+    (run_dir,) = list(out.iterdir())
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["exit_code"] == proc.returncode, proc.stderr[-3000:]
+    return proc.returncode, verdict
+
+
+def test_aa_run_is_never_fail(tmp_path):
+    code, verdict = _compare_with_gate("cpu-aa", tmp_path)
+    assert verdict["overall"] in ("PASS", "INCONCLUSIVE"), verdict["reason"]
+    assert code in (0, 3)
+    assert {cell["metric"] for cell in verdict["cells"]} == {"output_throughput", "mean_tpot_ms"}
+
+
+def test_slowed_candidate_fails(tmp_path):
+    code, verdict = _compare_with_gate("cpu-slowed-candidate", tmp_path)
+    assert verdict["overall"] == "FAIL" and code == 1, verdict["reason"]
+    throughput = [c for c in verdict["cells"] if c["metric"] == "output_throughput"]
+    assert throughput and all(c["result"] == "FAIL" for c in throughput)
