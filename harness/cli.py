@@ -43,6 +43,10 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
     group.add_argument("--repeats", type=int, help="sweeps per arm (workload.repeats)")
+    group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
+    group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
+    group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
+    group.add_argument("--gsm8k-data", metavar="DIR", help="directory with GSM8K train.jsonl and test.jsonl")
     mtp = group.add_mutually_exclusive_group()
     mtp.add_argument("--mtp", type=int, metavar="K", help="MTP with K speculative tokens")
     mtp.add_argument("--no-mtp", action="store_true", help="turn MTP off")
@@ -53,11 +57,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model": "model.id", "tp": "serve.tensor_parallel_size", "quant": "serve.quantization",
         "kv_cache_dtype": "serve.kv_cache_dtype", "concurrency": "workload.concurrency",
         "input_len": "workload.input_len", "output_len": "workload.output_len", "repeats": "workload.repeats",
-        "mtp": "mtp.num_speculative_tokens",
+        "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
+        "gsm8k_limit": "accuracy.limit",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
     if args.no_mtp:
         overrides["mtp.num_speculative_tokens"] = 0
+    if args.no_gsm8k:
+        overrides["accuracy.enabled"] = False
     if args.num_prompts is not None:
         overrides["workload.min_prompts"] = args.num_prompts
         overrides["workload.prompts_per_concurrency"] = 1
@@ -192,12 +199,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from harness import procs
     from harness.runner import Runner, RunOptions, new_run_dir
 
+    from harness import accuracy
+
     options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
     if args.resume:
         plan, run_dir, stored = _resume_plan(args)
     else:
         plan, _ = _build_plan(args, to_run=options.base_urls is None)
-        run_dir, stored = new_run_dir(Path(args.out), plan.scenario.name), None
+        run_dir, stored = None, None
+    if plan.scenario.accuracy.enabled:   # a wrong explicit data dir is an error before anything starts
+        try:
+            options.gsm8k = accuracy.resolve_data_dir(args.gsm8k_data, plan.scenario.accuracy.data_dir)
+        except accuracy.AccuracyError as error:
+            raise UsageError(str(error)) from None
+    if run_dir is None:
+        run_dir = new_run_dir(Path(args.out), plan.scenario.name)
     console = Console(stderr=True)
     console.print(f"dsa-bench: {plan.scenario.name} on {plan.machine.name} → {run_dir}")
     procs.cleanup_on_exit()

@@ -60,6 +60,9 @@ LEVEL_COLUMNS: tuple[str, ...] = (
     "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
     "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
     "max_concurrent_requests", "client_cpu_util",
+    # MTP acceptance over the measured window (vLLM's bench reads /metrics after its warmups; empty with MTP off):
+    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate", "acceptance_length",
+    "acceptance_per_pos",
 )
 """``levels.csv`` columns. ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds. Throughputs: output and total tokens/s, requests/s; latencies in ms."""
 
@@ -69,7 +72,11 @@ REQUEST_COLUMNS: tuple[str, ...] = (
 )
 """``requests.csv`` columns. ``start_s`` is the request's start relative to the level's first request (seconds)."""
 
-OPTIONAL_COLUMNS: frozenset[str] = frozenset({"max_concurrent_requests", "client_cpu_util"})
+MTP_COLUMNS: tuple[str, ...] = LEVEL_COLUMNS[LEVEL_COLUMNS.index("spec_drafts"):]
+"""MTP columns: drafts, draft tokens, accepted tokens (counts); acceptance_rate = accepted / draft tokens (0..1);
+acceptance_length = 1 + accepted / drafts (tokens per target step); acceptance_per_pos = per-position rates, ``;``-joined."""
+
+OPTIONAL_COLUMNS: frozenset[str] = frozenset({"max_concurrent_requests", "client_cpu_util", *MTP_COLUMNS})
 """Columns added after schema version 1's first release, or that a run may not produce; readers tolerate absence."""
 
 MANIFEST = "manifest.json"

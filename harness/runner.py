@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness import attest, machine as machine_mod, procs, records
+import requests
+
+from harness import accuracy, attest, machine as machine_mod, parity, procs, records, spec_decode
 from harness.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.plan import ArmPlan, Plan, level_filename, level_key
 from harness.scenario import REPO_ROOT
@@ -38,6 +40,7 @@ class RunOptions:
 
     continue_on_error: bool = False
     base_urls: dict[str, str] | None = None
+    gsm8k: accuracy.GsmData | None = None   # where GSM8K comes from; None or source "skip" → not run
 
 
 def _now() -> str:
@@ -101,7 +104,9 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
-        self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "client_import_s": 0.0}
+        self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
+                       "client_import_s": 0.0}
+        self.gsm8k_failures: dict[str, str] = {}
         self.manifest = self._initial_manifest() if resume_manifest is None else self._resumed(resume_manifest)
 
     def _resumed(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +206,7 @@ class Runner:
             if arm.name not in self.servers and arm.name not in self.dead_arms:
                 try:
                     self.servers[arm.name] = self._connect_remote(arm, self.options.base_urls[arm.name])
+                    self._parity(arm.name, self.servers[arm.name])
                 except ServerError as error:
                     self.dead_arms[arm.name] = str(error)
                     self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
@@ -216,6 +222,7 @@ class Runner:
             return None
         try:
             self.servers[arm.name] = self._start_server(arm)
+            self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
             first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
             self.dead_arms[arm.name] = f"server failed to start: {first}"
@@ -223,6 +230,51 @@ class Runner:
             self.servers.pop(arm.name, None)
             return None
         return self.servers[arm.name]
+
+    # ----------------------------------------------------------------------------------------------- accuracy
+    def _parity(self, arm: str, server: VllmServer | RemoteServer) -> None:
+        """Greedy outputs of the fixed parity prompts, once per arm before its sweep (issue 5)."""
+        if parity.load_arm(self.run_dir, arm) is not None:   # resumed run: already collected
+            return
+        started = time.monotonic()
+        try:
+            parity.run_arm(self.run_dir, arm, server.base_url, server.served_model_name, server.headers)
+        except (requests.RequestException, ValueError) as error:
+            self.console.print(f"[yellow]{arm}: parity prompts failed ({error}); the report will say so[/]")
+        self.timing["parity_s"] += time.monotonic() - started
+
+    def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
+        """lm-eval GSM8K on the arm's running server, after its last level (issue 5)."""
+        spec, data = self.plan.scenario.accuracy, self.options.gsm8k
+        if not spec.enabled or data is None or data.source == "skip":
+            return
+        if (self.run_dir / accuracy.ACCURACY_DIR / arm / accuracy.ARM_FILE).is_file():   # resumed run: done
+            return
+        self.console.print(f"[bold]{arm}[/]: GSM8K through lm-eval ({spec.num_fewshot}-shot, limit {spec.limit})")
+        started = time.monotonic()
+        try:
+            result = accuracy.run_gsm8k(self.run_dir, arm, server.base_url, server.served_model_name, data,
+                                        num_fewshot=spec.num_fewshot, limit=spec.limit,
+                                        num_concurrent=spec.num_concurrent, timeout_s=spec.timeout_s,
+                                        api_key=os.environ.get("VLLM_API_KEY"), alive=server.alive)
+            scores = ", ".join(f"{name} {100 * v['accuracy']:.1f} %" for name, v in result.filters.items()
+                               if v.get("accuracy") is not None)
+            self.console.print(f"{arm}: GSM8K {result.n} questions: {scores}")
+        except accuracy.AccuracyError as error:
+            self.gsm8k_failures[arm] = str(error)
+            self.console.print(f"[red]{arm}: GSM8K failed: {error}[/]")
+        self.timing["gsm8k_s"] += time.monotonic() - started
+
+    def _finish_accuracy(self) -> None:
+        """parity.json and accuracy/summary.json from what each arm stored."""
+        parity.compare_run_dir(self.run_dir)
+        spec, data = self.plan.scenario.accuracy, self.options.gsm8k
+        if not spec.enabled:
+            accuracy.record_skipped(self.run_dir, "GSM8K is off in this scenario (accuracy.enabled = false / --no-gsm8k)")
+        elif data is None or data.source == "skip":
+            accuracy.record_skipped(self.run_dir, data.reason if data else "no GSM8K data source")
+        else:
+            accuracy.summarize(self.run_dir, failures=self.gsm8k_failures)
 
     # ----------------------------------------------------------------------------------------------- levels
     def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
@@ -246,7 +298,10 @@ class Runner:
         if not server.alive():
             raise LevelError("server died during the level")
         raw = raw_dir / level_filename(arm.name, concurrency, repeat)
-        level_row, request_rows = parse_bench_result(read_bench_json(raw), arm.name, concurrency, repeat)
+        bench = read_bench_json(raw)
+        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat)
+        mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
+        level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         records.append_rows(self.run_dir / records.REQUESTS, request_rows, records.REQUEST_COLUMNS)
         records.append_rows(self.run_dir / records.LEVELS, [level_row], records.LEVEL_COLUMNS)
@@ -266,13 +321,17 @@ class Runner:
         client = LoadClient(client_env, self.run_dir / records.LOGS_DIR / "bench-client.log")
         (self.run_dir / records.LOGS_DIR).mkdir(exist_ok=True)
         status = "failed"
+        order = schedule(self.plan)
+        last_of = {name: index for index, (name, _, _) in enumerate(order)}
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = progress.add_task("starting", total=None)
-                for name, concurrency, repeat in schedule(self.plan):
+                for index, (name, concurrency, repeat) in enumerate(order):
                     entry = self._level(name, concurrency, repeat)
                     if entry["status"] == "done":   # resumed run: already measured
+                        if index == last_of[name] and name in self.servers:
+                            self._gsm8k(name, self.servers[name])
                         continue
                     if name in self.dead_arms:
                         entry["status"] = f"skipped: {self.dead_arms[name]}"
@@ -298,6 +357,9 @@ class Runner:
                     entry["finished_at"] = _now()
                     entry["raw"] = f"{records.RAW_DIR}/{level_filename(name, concurrency, repeat)}"
                     self._save()
+                    if index == last_of[name] and server.alive():
+                        self._gsm8k(name, server)
+            self._finish_accuracy()
             all_done = all(level["status"] == "done" for arm in self.manifest["arms"].values()
                            for level in arm["levels"].values())
             status = "done" if all_done else "failed"
@@ -310,7 +372,7 @@ class Runner:
                 server.stop()
             self.timing["client_import_s"] = client.import_s
             wall = time.monotonic() - started
-            measured = self.timing["server_start_s"] + self.timing["benchmark_s"]
+            measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s"))
             self.manifest["timing"] = {
                 "wall_s": round(wall, 2), **{k: round(v, 2) for k, v in self.timing.items()},
                 "harness_overhead_s": round(wall - measured, 2),

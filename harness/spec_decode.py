@@ -41,18 +41,15 @@ import math
 import time
 from typing import Any, Mapping
 
+from harness import records
+
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
-LEVEL_COLUMNS: tuple[str, ...] = (
-    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate", "acceptance_length",
-    "acceptance_per_pos",
-)
-"""Columns this module adds to a ``levels.csv`` row (see :func:`level_fields`); all optional (empty when MTP is off).
-``acceptance_rate`` is a fraction (0..1), ``acceptance_length`` tokens per target step, ``acceptance_per_pos`` the
-per-position fractions joined with ``;``."""
+LEVEL_COLUMNS: tuple[str, ...] = records.MTP_COLUMNS
+"""Columns this module adds to a ``levels.csv`` row (see :func:`level_fields`); defined in :mod:`harness.records`."""
 
 
 def parse_samples(samples: Mapping[str, float]) -> dict[str, Any]:

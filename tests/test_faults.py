@@ -160,12 +160,13 @@ def sweep(tmp_path_factory):
     candidate c1, c2) whose servers require ``VLLM_API_KEY``:
 
     - baseline c1: its benchmark JSON is truncated on disk before the harness reads it (case 11);
-    - candidate: the server dies after the readiness probe and the client's warmup request, i.e. at the first
-      measured request of c1; the other 7 find no server (case 3). (vLLM 0.32's client sends no initial test request:
+    - candidate: the server dies after the client's warmup request (the fake counts streamed requests only, not the
+      readiness probe or parity prompts), i.e. at the first measured request of c1; the other 7 find no server
+      (case 3). (vLLM 0.32's client sends no initial test request:
       ``--ready-check-timeout-sec`` defaults to 0.)
     """
     tmp_path = tmp_path_factory.mktemp("sweep")
-    env = fake_env(tmp_path, mode_candidate="die_after", n_candidate="2")
+    env = fake_env(tmp_path, mode_candidate="die_after", n_candidate="1")
     real_read = runner.read_bench_json
 
     def truncating_read(path: Path):
@@ -325,7 +326,7 @@ def test_case6_lm_eval_server_disappears_mid_eval(tmp_path, monkeypatch):
     message naming the arm and the log, lm-eval is stopped, and no accuracy rows of the arm are written.
     (The runner does not call harness.accuracy yet; this drives ``run_gsm8k`` as the runner will.)"""
     accuracy = pytest.importorskip("harness.accuracy")
-    env = fake_env(tmp_path, mode="die_after", n="2")
+    env = fake_env(tmp_path, mode="die_after", n="2", count="all")
     _isolate(monkeypatch, env)
     server = FakeServer(tmp_path, {**clean_environ(), **env})
     mini = Path(__file__).parent / "fixtures" / "gsm8k_mini"

@@ -19,7 +19,7 @@ def bench():
 
 def test_level_row_carries_vllms_aggregates(bench):
     level, _ = parse_bench_result(bench, "baseline", 4, 0)
-    assert set(records.LEVEL_COLUMNS) - {"client_cpu_util"} <= set(level)
+    assert set(records.LEVEL_COLUMNS) - records.OPTIONAL_COLUMNS <= set(level)
     assert level["completed"] == bench["completed"] and level["output_throughput"] == bench["output_throughput"]
     assert level["mean_tpot_ms"] == pytest.approx(bench["mean_tpot_ms"])
     assert level["p99_ttft_ms"] == pytest.approx(bench["p99_ttft_ms"])

@@ -43,13 +43,14 @@ BASE = (Path(SCENARIOS_DIR) / "cpu-tiny.toml").read_text()
 @pytest.mark.parametrize("old,new,key,hint", [
     ("concurrency = [1, 2, 4, 8]", "concurrency = [0, 2]", "workload.concurrency", "≥ 1"),
     ("input_len = 64", "input_len = -5", "workload.input_len", "greater than 0"),
-    ('load_format = "dummy"', 'load_format = "dummy"\nfoo = 1', "model.foo", "Extra inputs"),
+    ('load_format = "safetensors"', 'load_format = "safetensors"\nfoo = 1', "model.foo", "Extra inputs"),
     ('architecture = "DeepseekV3ForCausalLM"', 'architecture = "LlamaForCausalLM"', "model.architecture",
      "use one of"),
     ("[serve]", '[serve]\nquantization = "int3"', "serve.quantization", "use one of"),
     ('route = "candidate"', 'route = "baseline"', "(top level)", "allow_identical_arms"),
     ("[arms.candidate]", "[arms.other]", "(top level)", "exactly two arms"),
-    ("max_num_batched_tokens = 1024", "max_num_batched_tokens = 512", "(top level)", "set serve.max_num_batched_tokens ≥ 1024"),
+    ("max_num_batched_tokens = 4096", "max_num_batched_tokens = 2048", "(top level)",
+     "max_model_len 4096 > serve.max_num_batched_tokens 2048"),
 ])
 def test_bad_values_name_file_key_and_fix(tmp_path, old, new, key, hint):
     assert old in BASE

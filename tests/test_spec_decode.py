@@ -156,31 +156,31 @@ def test_level_fields_round_trip_through_csv_cells():
 
 
 # ----------------------------------------------------------------------------------------------- slow: real vLLM
+WEIGHTS = {  # cpu-tiny's geometry with dummy weights (acceptance ≈ 0 %) or the repeat-last checkpoint (100 %)
+    "dummy": {"model.id": "generated:tiny-deepseek-v3", "model.load_format": "dummy"},
+    "repeat": {"model.id": "generated:tiny-deepseek-v3-repeat", "model.load_format": "safetensors"},
+}
+
+
 @contextlib.contextmanager
 def cpu_tiny_server(tmp_path: Path, weights: str = "dummy", mtp: int = 1, max_model_len: int = 4096
                     ) -> Iterator:
     """A real cpu-tiny ``vllm serve`` (the candidate arm's flags: not compiled, quicker to start) with MTP ``mtp``,
-    ``max_model_len`` raised for 5-shot GSM8K; ``weights`` "dummy" (cpu-tiny's) or "repeat" (harness.tinyweights).
+    ``max_model_len`` raised for 5-shot GSM8K; ``weights`` "dummy" or "repeat" (see :data:`WEIGHTS`).
     Stopped (process group) on exit."""
     import os
 
     from harness import machine, plan as plan_mod
     from harness.scenario import load_scenario
     from harness.server import VllmServer, free_port
-    from harness.tinyweights import ensure_repeat_model
 
     scenario = load_scenario("cpu-tiny", {"model.max_model_len": max_model_len,
                                           "serve.max_num_batched_tokens": max_model_len,
-                                          "mtp.num_speculative_tokens": mtp})
+                                          "mtp.num_speculative_tokens": mtp, **WEIGHTS[weights]})
     built = plan_mod.build_plan(scenario, machine.detect())
     arm = next(a for a in built.arms if a.name == "candidate")
     port = free_port()
-    argv = arm.server_argv(port)
-    if weights == "repeat":
-        model_dir = str(ensure_repeat_model(Path(arm.model_path)))
-        argv = [model_dir if token in (arm.model_path, arm.tokenizer) else token for token in argv]
-        argv[argv.index("--load-format") + 1] = "safetensors"
-    server = VllmServer(argv, {**os.environ, **arm.server_env}, port, arm.served_model_name,
+    server = VllmServer(arm.server_argv(port), {**os.environ, **arm.server_env}, port, arm.served_model_name,
                         tmp_path / f"server-{weights}.log")
     try:
         server.start(scenario.serve.ready_timeout_s)

@@ -17,10 +17,12 @@ Behaviour comes from the environment. Each ``FAKE_VLLM_<NAME>`` may be given per
   traceback like vLLM's engine core, exits 1); ``completion_fails`` (``/health`` ok, the first completion answers
   HTTP 500 and the server exits 1 — what vLLM CPU does with an unsupported MLA head size); ``completion_fails_stay``
   (every completion answers 500, the server stays up); ``never_ready`` (``/health`` answers 503 forever);
-  ``die_after`` (after ``FAKE_VLLM_N`` completions the next one kills the server: ``os._exit(1)``);
-  ``stall_after`` (after ``FAKE_VLLM_N`` streaming completions every further one hangs).
+  ``die_after`` (after ``FAKE_VLLM_N`` counted completions the next one kills the server: ``os._exit(1)``);
+  ``stall_after`` (after ``FAKE_VLLM_N`` counted completions every further one hangs).
 - ``FAKE_VLLM_N``: the count for ``die_after``/``stall_after``.
-- ``FAKE_VLLM_DELAY_S``: seconds per generated token (default 0.002).
+- ``FAKE_VLLM_COUNT``: which completions count: ``stream`` (default: the benchmark client's; not dsa-bench's
+  readiness probe or parity prompts) or ``all`` (e.g. lm-eval's, which are not streamed).
+- ``FAKE_VLLM_DELAY_S``: seconds per streamed token (default 0.002); non-streamed answers come at once.
 - ``FAKE_VLLM_TEXT``: the text of each generated token (default ``" tok"``).
 - ``FAKE_VLLM_MODEL``: the served model name (default: ``--served-model-name``, else MODEL).
 - ``FAKE_VLLM_FAIL_REASON``: when set, streaming request number ``FAKE_VLLM_FAIL_AT`` (default 3: the bench client's
@@ -55,6 +57,7 @@ def setting(name: str, default: str = "") -> str:
 
 MODE = setting("MODE", "ok")
 COUNT = int(setting("N", "0") or 0)
+COUNT_ALL = setting("COUNT", "stream") == "all"
 DELAY_S = float(setting("DELAY_S", "0.002") or 0)
 TEXT = setting("TEXT", " tok")
 FAIL_REASON = setting("FAIL_REASON")
@@ -81,6 +84,20 @@ class State:
     completions = 0          # every /v1/completions request
     streams = 0              # streaming ones
     successes = 0
+
+
+def choice(index: int, tokens: int, body: dict) -> dict:
+    """A non-streamed choice; ``token_ids`` and ``logprobs`` (top entries as ``"token_id:<id>"`` keys) when asked,
+    the same for every request, so two fake arms always agree (dsa-bench's parity check)."""
+    ids = [1000 + position for position in range(tokens)]
+    result = {"index": index, "text": TEXT * tokens, "finish_reason": "length", "logprobs": None}
+    if body.get("return_token_ids"):
+        result["token_ids"] = ids
+    if body.get("logprobs") is not None:
+        result["logprobs"] = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * tokens,
+                              "top_logprobs": [{f"token_id:{i}": -0.5, "token_id:7": -1.5} for i in ids],
+                              "text_offset": [len(TEXT) * position for position in range(tokens)]}
+    return result
 
 
 def make_handler(served: str):
@@ -137,14 +154,14 @@ def make_handler(served: str):
             with State.lock:
                 State.completions += 1
                 State.streams += stream
-                number, streams = State.completions, State.streams
+                counted = State.completions if COUNT_ALL else State.streams
                 fail_now = bool(FAIL_REASON) and stream and State.streams == FAIL_AT
             if REQLOG:
                 with open(REQLOG, "a", encoding="utf-8") as handle:
                     handle.write(f"{ARM} {'stream' if stream else 'plain'}\n")
-            if MODE == "die_after" and number > COUNT:
+            if MODE == "die_after" and counted > COUNT and (stream or COUNT_ALL):
                 os._exit(1)
-            if MODE == "stall_after" and stream and streams > COUNT:
+            if MODE == "stall_after" and counted > COUNT and (stream or COUNT_ALL):
                 time.sleep(3600)
             if MODE in ("completion_fails", "completion_fails_stay"):
                 self._json(500, {"error": {"message": "EngineCore encountered an issue: head size 576 is not "
@@ -162,11 +179,9 @@ def make_handler(served: str):
                 self._stream(body, tokens)
             else:
                 count = len(prompts) if isinstance(prompts, list) and prompts and isinstance(prompts[0], str) else 1
-                time.sleep(DELAY_S * tokens)
                 self._json(200, {
                     "id": "cmpl-fake", "object": "text_completion", "model": served,
-                    "choices": [{"index": i, "text": TEXT * tokens, "finish_reason": "length", "logprobs": None}
-                                for i in range(count)],
+                    "choices": [choice(i, tokens, body) for i in range(count)],
                     "usage": {"prompt_tokens": 4, "completion_tokens": tokens, "total_tokens": 4 + tokens},
                 })
             with State.lock:
