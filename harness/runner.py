@@ -52,6 +52,15 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
 
 
+def _redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
+    """The resolved scenario for the manifest with secret-looking env values (in ``serve.env`` and each arm's
+    ``env``) replaced, so a key written into a scenario file never reaches the run dir or the report."""
+    scenario["serve"]["env"] = redact_env(scenario["serve"]["env"])
+    for arm in scenario["arms"].values():
+        arm["env"] = redact_env(arm["env"])
+    return scenario
+
+
 def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     """(arm, concurrency, repeat) in run order.
 
@@ -146,7 +155,7 @@ class Runner:
         return {
             "schema_version": records.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
             "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
-            "scenario": plan.scenario.model_dump(mode="json"), "platform": plan.machine.to_dict(),
+            "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")), "platform": plan.machine.to_dict(),
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
             "timing": {},
@@ -240,7 +249,7 @@ class Runner:
         try:
             parity.run_arm(self.run_dir, arm, server.base_url, server.served_model_name, server.headers)
         except (requests.RequestException, ValueError) as error:
-            self.console.print(f"[yellow]{arm}: parity prompts failed ({error}); the report will say so[/]")
+            self.console.print(f"[yellow]{arm}: parity prompts failed ({escape(str(error))}); the report will say so[/]")
         self.timing["parity_s"] += time.monotonic() - started
 
     def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
@@ -262,7 +271,7 @@ class Runner:
             self.console.print(f"{arm}: GSM8K {result.n} questions: {scores}")
         except accuracy.AccuracyError as error:
             self.gsm8k_failures[arm] = str(error)
-            self.console.print(f"[red]{arm}: GSM8K failed: {error}[/]")
+            self.console.print(f"[red]{arm}: GSM8K failed: {escape(str(error))}[/]")
         self.timing["gsm8k_s"] += time.monotonic() - started
 
     def _finish_accuracy(self) -> None:
@@ -343,6 +352,7 @@ class Runner:
                         self._save()
                         continue
                     level_started = time.monotonic()
+                    entry["status"] = "failed: interrupted during this level"   # until it finishes
                     try:
                         self._run_level(client, arms[name], server, concurrency, repeat, progress, task)
                         entry["status"] = "done"

@@ -17,7 +17,7 @@ def _run(capsys, *argv):
 
 def test_plan_cpu_tiny_shows_both_arms_and_what_the_cpu_build_lacks(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
-    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny", "--concurrency", "1,2")
+    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny", "--concurrency", "1,2", "--repeats", "1")
     assert code == 0
     assert "== arm baseline (route=baseline) ==" in out and "== arm candidate (route=candidate) ==" in out
     assert out.count("vllm serve ") == 2 and out.count("bench c=") == 4

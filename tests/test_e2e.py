@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", "cpu-tiny", "--concurrency", "1,4",
-                           "--num-prompts", "8", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=1500)
+                           "--num-prompts", "8", "--repeats", "2", "--gsm8k-limit", "2", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = list(out.iterdir())
     return run
@@ -30,12 +30,30 @@ def run_dir(tmp_path_factory):
 def test_run_dir_has_both_arms_with_throughput(run_dir):
     levels = pd.read_csv(run_dir / records.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
-    assert sorted(levels["concurrency"].unique()) == [1, 4]
+    assert sorted(levels["concurrency"].unique()) == [1, 4] and sorted(levels["repeat"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
     assert (levels["completed"] == 8).all()
     requests = pd.read_csv(run_dir / records.REQUESTS)
-    assert len(requests) == 4 * 8 and requests["tpot_ms"].notna().all()
-    assert len(list((run_dir / records.RAW_DIR).glob("*.json"))) == 4
+    assert len(requests) == 8 * 8 and requests["tpot_ms"].notna().all()
+    assert len(list((run_dir / records.RAW_DIR).glob("*.json"))) == 8
+
+
+def test_mtp_acceptance_is_the_known_answer(run_dir):
+    """cpu-tiny serves the repeat-last checkpoint: every draft is accepted (acceptance length 1 + 1 = 2)."""
+    levels = pd.read_csv(run_dir / records.LEVELS)
+    assert (levels["spec_drafts"] > 0).all()
+    assert (levels["acceptance_rate"] == 1.0).all() and (levels["acceptance_length"] == 2.0).all()
+
+
+def test_gsm8k_and_parity_ran_on_both_arms(run_dir):
+    accuracy = pd.read_csv(run_dir / "accuracy.csv")
+    assert sorted(accuracy["arm"].unique()) == ["baseline", "candidate"]
+    assert set(accuracy["filter"]) == {"strict-match", "flexible-extract"}
+    assert len(accuracy) == 2 * 2 * 2   # arms × filters × questions
+    summary = json.loads((run_dir / "accuracy" / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["paired"]
+    parity = json.loads((run_dir / "parity.json").read_text())
+    assert parity["prompts_total"] == 16 and 0 <= parity["exact_match_rate_pct"] <= 100
 
 
 def test_manifest_records_commands_versions_and_the_paths(run_dir):
@@ -51,10 +69,13 @@ def test_manifest_records_commands_versions_and_the_paths(run_dir):
     assert (run_dir / records.LOGS_DIR / "baseline-server.log").stat().st_size > 0
 
 
-def test_report_renders_with_tables_and_plots(run_dir):
+def test_report_and_verdict_render(run_dir):
     html = (run_dir / records.REPORT).read_text()
     assert "<table" in html and "data:image/png;base64," in html
-    assert "baseline" in html and "candidate" in html
+    assert "baseline" in html and "candidate" in html and "McNemar" in html
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["overall"] in ("PASS", "FAIL", "INCONCLUSIVE", "INVALID") and verdict["cells"]
+    assert (run_dir / "summary.md").read_text().startswith("### ")
 
 
 def test_no_server_left_running(run_dir):
