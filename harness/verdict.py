@@ -568,22 +568,19 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _achieved_concurrency(frame, level: int) -> float | None:
-    """Median number of requests in flight when each successful request started (itself included), from the
-    per-request timeline (``start_s``, ``e2el_ms``), over the steady state: the ramp-up (the first ``level`` starts,
-    which see 1, 2, …, level in flight by construction) is left out when later requests exist. A client that keeps
-    ``c`` requests in flight scores ``c``."""
+def _achieved_concurrency(frame) -> float | None:
+    """Time-averaged number of requests in flight over the level (Little's law): Σ E2EL / (last end − first start),
+    from the per-request timeline (``start_s``, ``e2el_ms``). A client that keeps ``c`` requests in flight scores
+    about ``c``; ramp-up and drain lower it a little. (Counting requests in flight at each request's start is biased
+    low under ``--ignore-eos``: equal-length requests finish together and their replacements start one by one.)"""
     start = frame["start_s"].to_numpy(dtype=float)
-    end = start + frame["e2el_ms"].to_numpy(dtype=float) / 1000.0
-    ok = np.isfinite(start) & np.isfinite(end)
-    start, end = start[ok], end[ok]
+    latency = frame["e2el_ms"].to_numpy(dtype=float) / 1000.0
+    ok = np.isfinite(start) & np.isfinite(latency)
+    start, latency = start[ok], latency[ok]
     if start.size == 0:
         return None
-    started = np.searchsorted(np.sort(start), start, side="right")    # requests started at or before s_i
-    ended = np.searchsorted(np.sort(end), start, side="right")        # … and already finished by s_i
-    in_flight = (started - ended)[np.argsort(start, kind="stable")]
-    steady = in_flight[level:] if in_flight.size > level else in_flight
-    return float(np.median(steady))
+    span = float((start + latency).max() - start.min())
+    return float(latency.sum() / span) if span > 0 else None
 
 
 def _succeeded(frame):
@@ -698,10 +695,10 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
             report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
                                                             f"counts {total:.0f} requests")
         ok = _succeeded(frame)
-        achieved = _achieved_concurrency(ok, level)
+        achieved = _achieved_concurrency(ok)
         if achieved is not None and achieved < policy.min_concurrency_fraction * level:
             report.fail(arm, level, repeat, "concurrency",
-                        f"achieved concurrency {achieved:g} (median in flight at request start) far below {level}")
+                        f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {level}")
         expected = ok["requested_output_len"] if has_requested else (
             None if expected_len is None else expected_len)
         if expected is not None:

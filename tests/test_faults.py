@@ -392,7 +392,7 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
     assert manifest["status"] == "interrupted"
     statuses = _statuses(run_dir)
     assert statuses["baseline"] == {"c1-r0": "done", "c2-r0": "done"}
-    assert statuses["candidate"] == {"c1-r0": "skipped: run stopped before this level",
+    assert statuses["candidate"] == {"c1-r0": "failed: interrupted during this level",
                                      "c2-r0": "skipped: run stopped before this level"}
     assert _level_rows(run_dir) == {("baseline", 1, 0), ("baseline", 2, 0)}
     assert json.loads((run_dir / "verdict.json").read_text())["overall"] == "INVALID"
@@ -405,7 +405,7 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
     assert manifest["status"] == "done" and len(manifest["resumed_at"]) == 1
     statuses = _statuses(run_dir)
     assert all(status == "done" for arm in statuses.values() for status in arm.values()), statuses
-    assert manifest["arms"]["candidate"]["levels"]["c1-r0"]["previous"] == "skipped: run stopped before this level"
+    assert manifest["arms"]["candidate"]["levels"]["c1-r0"]["previous"] == "failed: interrupted during this level"
     assert "previous" not in manifest["arms"]["baseline"]["levels"]["c1-r0"]   # done levels were not re-run
     assert _level_rows(run_dir) == {(arm, c, 0) for arm in ("baseline", "candidate") for c in (1, 2)}
     assert len(pd.read_csv(run_dir / records.REQUESTS)) == 8
