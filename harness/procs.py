@@ -11,7 +11,6 @@ import atexit
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
@@ -89,12 +88,3 @@ def cleanup_on_exit() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     atexit.register(stop_all)
 
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:
-    """Poll ``predicate()`` until true or ``timeout_s`` elapses; returns whether it became true."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return bool(predicate())

@@ -1,7 +1,9 @@
 """End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny with two levels and few prompts."""
 
 import json
+import os
 import subprocess
+import uuid
 import sys
 from pathlib import Path
 
@@ -9,19 +11,22 @@ import pandas as pd
 import pytest
 
 from harness import records
+from fakes.support import tagged_processes
 
 REPO = Path(__file__).resolve().parent.parent
 DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
 
 pytestmark = pytest.mark.slow
+TAG = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
+    env = {**os.environ, "DSA_FAULT_TEST_TAG": TAG}   # inherited by every process the run starts
     proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", "cpu-tiny", "--concurrency", "1,4",
                            "--num-prompts", "8", "--repeats", "2", "--gsm8k-limit", "2", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1500)
+                          cwd=REPO, capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run,) = list(out.iterdir())
     return run
@@ -78,7 +83,6 @@ def test_report_and_verdict_render(run_dir):
     assert (run_dir / "summary.md").read_text().startswith("### ")
 
 
-def test_no_server_left_running(run_dir):
-    out = subprocess.run(["pgrep", "-f", f"vllm serve .*--served-model-name tiny-deepseek-v3"],
-                         capture_output=True, text=True).stdout
-    assert out.strip() == ""
+def test_no_process_left_running(run_dir):
+    """Servers, engine cores, workers, the benchmark client and lm-eval: none outlives the run."""
+    assert tagged_processes(TAG) == []

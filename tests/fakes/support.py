@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import requests
+from harness.server import free_port
 
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent
@@ -127,12 +127,6 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
             return True
         time.sleep(interval_s)
     return bool(predicate())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class FakeServer:
