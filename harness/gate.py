@@ -45,8 +45,9 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from harness import records
+from harness.policy import METRICS, SEVERITY, GatePolicy, Status
 from harness.records import RunDirError
-from harness.verdict import METRICS, SEVERITY, GatePolicy, Status, Verdict, evaluate
+from harness.verdict import Verdict, evaluate
 
 __all__ = [
     "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "ACCURACY", "ACCURACY_COLUMNS", "EXIT_CODES",

@@ -1,4 +1,4 @@
-"""harness.verdict: policy, validity (an invalid cell is never PASS), decisions, and issue 6's simulation proof.
+"""harness.policy, .validity (an invalid cell is never PASS), .verdict (decisions), .simulation (issue 6's proof).
 
 The simulations read the recorded pool in tests/fixtures/recorded/run (SYNTHETIC until a real recording replaces it;
 see that directory's README), primary metrics output throughput and mean TPOT at levels 1, 2, 4, 8 (8 cells), at
@@ -23,8 +23,9 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from harness import verdict
-from harness.verdict import RECOMMENDED_REPEATS, CellInput, GatePolicy, Status
+from harness import simulation, verdict
+from harness.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.verdict import CellInput
 
 _SPEC = importlib.util.spec_from_file_location(
     "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")
@@ -42,7 +43,7 @@ def run8():
 @pytest.fixture(scope="module")
 def pool():
     _, levels, requests, _ = aa.load_pool()
-    return verdict.repeat_pool(levels, requests, aa.fixture_info()["pool_arms"])
+    return simulation.repeat_pool(levels, requests, aa.fixture_info()["pool_arms"])
 
 
 def _evaluate(run, policy=PERF, accuracy=None, diagnostics=False):
@@ -323,22 +324,22 @@ def test_mtp_acceptance_length_is_gated_when_present(run8):
 
 
 def test_aa_false_alarms_at_most_one_percent(pool):
-    result = verdict.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=500, seed=11)
+    result = simulation.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=500, seed=11)
     assert not result.with_replacement
     assert result.rate(Status.FAIL) <= 0.01, result.counts
 
 
 def test_five_percent_throughput_regression_fails_at_default_repeats(pool):
-    result = verdict.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=500, seed=12,
-                                   throughput_factor=0.95)
+    result = simulation.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=500, seed=12,
+                                      throughput_factor=0.95)
     assert result.rate(Status.FAIL) >= 0.90, result.counts
     assert result.rate(Status.PASS) == 0
 
 
 def test_at_the_margin_fail_rate_stays_near_alpha(pool):
     """Size: throughput exactly 3 % down (on the margin) FAILs at most α (+ sampling slack)."""
-    result = verdict.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=200, seed=13,
-                                   throughput_factor=0.97)
+    result = simulation.simulate_gate(pool, PERF, repeats=RECOMMENDED_REPEATS, n_sims=200, seed=13,
+                                      throughput_factor=0.97)
     assert result.rate(Status.FAIL) <= PERF.alpha + 0.03, result.counts
 
 

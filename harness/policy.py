@@ -1,0 +1,192 @@
+"""The gate's vocabulary and policy: verdict statuses, the gateable metrics with their default margins, and the
+``[gate]`` policy (:class:`GatePolicy`).
+
+Pure: data and validation only; no files, processes or sockets. :mod:`harness.scenario` embeds :class:`GatePolicy`;
+:mod:`harness.validity`, :mod:`harness.verdict` and :mod:`harness.simulation` read it.
+
+Margins' origin: the defaults are issue 6's (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
+−2 %). For scale: one arm's standard error on the full 1319-question GSM8K
+test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change), and with
+the recorded fixture's run-to-run noise (per-repeat throughput CV ≈ 1.1–1.5 %) :data:`RECOMMENDED_REPEATS` repeats
+resolve a 5 % loss against the 3 % margin (power figures in ``tests/test_verdict.py``). p99 latencies, if made primary,
+default to +10 %: a tail quantile is far noisier.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["Status", "SEVERITY", "MetricSpec", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
+
+RECOMMENDED_REPEATS = 8
+"""Default ``workload.repeats`` recommended for gated runs: the smallest count at which the simulation on the
+recorded fixture FAILs a 5 % throughput regression in ≥ 90 % of resamples (see ``tests/test_verdict.py``)."""
+
+
+class Status(str, Enum):
+    """A cell's or the run's verdict. ``str`` so it serialises as its name."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    INVALID = "INVALID"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SEVERITY = {Status.FAIL: 0, Status.INVALID: 1, Status.INCONCLUSIVE: 2, Status.PASS: 3}
+"""Worst first: the overall verdict is the most severe primary cell's."""
+
+
+Source = Literal["level", "request", "spec", "accuracy"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """What a gateable metric is and where it comes from.
+
+    Attributes:
+        name: the key used in the policy (and, for levels.csv metrics, the levels.csv column).
+        source: ``level`` — the per-repeat figure of a levels.csv column (bootstrap over repeats);
+            ``request`` — per-request values of a requests.csv ``column`` reduced by ``statistic`` (two-stage
+            bootstrap); ``spec`` — per-repeat MTP figure from levels.csv (issue 5 columns); ``accuracy`` — GSM8K.
+        default_margin: tolerated change on the bad side: percent of the baseline for ratio metrics (negative for
+            higher-is-better), accuracy points for ``accuracy``.
+    """
+
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    source: Source
+    default_margin: float
+    column: str = ""
+    statistic: str = "mean"
+
+    @property
+    def margin_unit(self) -> str:
+        return "pt" if self.source == "accuracy" else "%"
+
+
+def _request_metrics() -> dict[str, MetricSpec]:
+    specs = {}
+    for column, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency")):
+        for statistic, margin in (("mean", 3.0), ("median", 3.0), ("p99", 10.0)):
+            name = f"{statistic}_{column}"
+            specs[name] = MetricSpec(name, f"{statistic.capitalize() if statistic != 'p99' else 'P99'} {label}", "ms",
+                                     False, "request", margin, column, statistic)
+    return specs
+
+
+METRICS: dict[str, MetricSpec] = {
+    "output_throughput": MetricSpec("output_throughput", "Output throughput", "tok/s", True, "level", -3.0,
+                                    "output_throughput"),
+    "total_token_throughput": MetricSpec("total_token_throughput", "Total token throughput", "tok/s", True, "level",
+                                         -3.0, "total_token_throughput"),
+    "request_throughput": MetricSpec("request_throughput", "Request throughput", "req/s", True, "level", -3.0,
+                                     "request_throughput"),
+    **_request_metrics(),
+    "acceptance_length": MetricSpec("acceptance_length", "MTP acceptance length", "tokens", True, "spec", -2.0,
+                                    "acceptance_length"),
+    "acceptance_rate": MetricSpec("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0,
+                                  "acceptance_rate"),
+    "gsm8k_accuracy": MetricSpec("gsm8k_accuracy", "GSM8K accuracy", "%", True, "accuracy", -1.0),
+}
+"""Every metric a policy may name. p99 latency margins default to +10 %: a tail quantile is far noisier."""
+
+DEFAULT_PRIMARY: tuple[str, ...] = ("output_throughput", "mean_tpot_ms", "gsm8k_accuracy", "acceptance_length")
+DIAGNOSTIC: tuple[str, ...] = ("output_throughput", "total_token_throughput", "mean_tpot_ms", "p99_tpot_ms",
+                               "mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms", "acceptance_length")
+"""Metrics shown with an unadjusted 95 % interval when not primary (no verdict)."""
+
+
+class GatePolicy(BaseModel):
+    """The gate's policy: the scenario's ``[gate]`` table, or a ``--policy`` TOML file with the same fields.
+
+    Example::
+
+        [gate]
+        primary = ["output_throughput", "mean_tpot_ms", "gsm8k_accuracy", "acceptance_length"]
+        alpha = 0.05
+        levels = [1, 8]              # default: every level of the run
+        [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
+        output_throughput = -3.0
+        mean_tpot_ms = 3.0
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    primary: tuple[str, ...] = DEFAULT_PRIMARY
+    margins: dict[str, float] = Field(default_factory=dict)
+    levels: tuple[int, ...] | None = None
+    alpha: float = Field(0.05, gt=0.0, lt=0.5)
+    min_repeats: int = Field(2, ge=2)
+    bootstrap_resamples: int = Field(1000, ge=100, le=100_000)
+    seed: int = Field(0, ge=0)
+    gsm8k_filter: str = "flexible-extract"
+    max_failed_fraction: float = Field(0.01, ge=0.0, le=1.0)
+    min_concurrency_fraction: float = Field(0.8, ge=0.0, le=1.0)
+    max_client_cpu_util: float = Field(0.9, gt=0.0)
+    max_output_len_mismatch_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    min_requests_per_concurrency: float = Field(2.0, ge=0.0)
+    min_requests_for_p99: int = Field(100, ge=1)
+    require_attestation: bool = True
+
+    @field_validator("primary")
+    @classmethod
+    def _known_primary(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in METRICS]
+        if unknown:
+            raise ValueError(f"unknown primary metrics {unknown}; choose from {sorted(METRICS)}")
+        if not value:
+            raise ValueError("primary must name at least one metric")
+        if len(set(value)) != len(value):
+            raise ValueError("primary lists a metric twice")
+        return value
+
+    @field_validator("levels")
+    @classmethod
+    def _positive_levels(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or any(level <= 0 for level in value)):
+            raise ValueError("levels must be positive concurrencies (omit the key for every level of the run)")
+        return None if value is None else tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _margins_match_direction(self) -> "GatePolicy":
+        for name, margin in self.margins.items():
+            spec = METRICS.get(name)
+            if spec is None:
+                raise ValueError(f"margins names unknown metric {name!r}; choose from {sorted(METRICS)}")
+            bad = margin > 0 if spec.higher_is_better else margin < 0
+            if bad or not math.isfinite(margin) or (spec.margin_unit == "%" and abs(margin) >= 100):
+                sign = "≤ 0" if spec.higher_is_better else "≥ 0"
+                raise ValueError(f"margins.{name} = {margin}: {spec.label} is "
+                                 f"{'higher' if spec.higher_is_better else 'lower'}-is-better, so its margin "
+                                 f"(the tolerated change on the bad side) must be {sign}"
+                                 f"{' and above -100 %' if spec.margin_unit == '%' else ''}")
+        return self
+
+    def margin(self, name: str) -> float:
+        """The margin of ``name``: the policy's override or the metric's default (percent or accuracy points)."""
+        return float(self.margins.get(name, METRICS[name].default_margin))
+
+    def limit(self, name: str) -> float:
+        """The margin on the test scale: ``log(1 + margin/100)`` for ratios, ``margin/100`` for accuracy."""
+        margin = self.margin(name)
+        return margin / 100.0 if METRICS[name].source == "accuracy" else math.log1p(margin / 100.0)
+
+    def without(self, *names: str) -> "GatePolicy":
+        """This policy with ``names`` dropped from ``primary`` (e.g. for ``--no-mtp``/``--no-gsm8k`` runs)."""
+        return self.model_copy(update={"primary": tuple(n for n in self.primary if n not in names)})
+
+    def describe(self) -> str:
+        """One line: the margins and the correction."""
+        parts = [f"{n} {self.margin(n):+g}{' pt' if METRICS[n].margin_unit == 'pt' else ' %'}" for n in self.primary]
+        return (f"non-inferiority, Holm-corrected at α = {self.alpha:g} per family (PASS, FAIL); margins: "
+                + ", ".join(parts))

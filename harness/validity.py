@@ -1,0 +1,256 @@
+"""Cell validity: the checks that make a run's data unfit to compare, per arm and level (:func:`check_validity`).
+
+Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.records`);
+no files, processes or sockets. In :mod:`harness.verdict` a failed check makes the cells of that level INVALID (a
+failed attestation: every cell of the run); missing or unfit data never yields PASS.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from harness.policy import GatePolicy
+
+__all__ = ["ValidityReport", "check_validity"]
+
+_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
+
+
+@dataclass
+class ValidityReport:
+    """Validity of a run's data, per arm and level.
+
+    Attributes:
+        arms: ``{"baseline": name, "candidate": name}`` (arm names in the tables).
+        reasons: ``{(arm, level): [(repeat or None, detail)]}`` — any makes every cell of that level INVALID
+            (:meth:`level_reasons` words them).
+        arm_reasons: ``{arm: [reason]}`` — reasons that invalidate every cell of the arm (attestation).
+        done: ``{(arm, level): {repeat}}`` — repeats whose data passed every check.
+        no_requests: ``{(arm, level): {repeat}}`` — done repeats without requests.csv rows (request metrics only).
+        levels: every level the run planned or holds.
+        not_checked: checks that could not run on this data, with why.
+        failures: one record per failed check ``{arm, concurrency, repeat, check, detail}``.
+    """
+
+    arms: dict[str, str]
+    reasons: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    arm_reasons: dict[str, list[str]] = field(default_factory=dict)
+    done: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    no_requests: dict[tuple[str, int], set[int]] = field(default_factory=dict)
+    levels: tuple[int, ...] = ()
+    not_checked: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def fail(self, arm: str, level: int, repeat: int | None, check: str, detail: str) -> None:
+        self.reasons.setdefault((arm, level), []).append((repeat, detail))
+        self.failures.append({"arm": arm, "concurrency": level, "repeat": repeat, "check": check, "detail": detail})
+
+    def level_reasons(self, level: int) -> list[str]:
+        """The level's failures for both arms, one line per distinct problem: ``baseline r0, r3: <detail>``."""
+        grouped: dict[str, dict[str, list[int | None]]] = {}
+        for role in ("baseline", "candidate"):
+            for repeat, detail in self.reasons.get((self.arms[role], level), []):
+                grouped.setdefault(detail, {}).setdefault(role, []).append(repeat)
+        lines = []
+        for detail, roles in grouped.items():
+            who = []
+            for role, repeats in roles.items():
+                shown = [f"r{r}" for r in repeats if r is not None]
+                if len(shown) > 4:
+                    shown = shown[:3] + [f"… ({len(shown)} repeats)"]
+                who.append(role + (" " + ", ".join(shown) if shown else ""))
+            lines.append(f"{' and '.join(who)}: {detail}")
+        return lines
+
+
+def _arm_names(manifest: Mapping[str, Any]) -> dict[str, str]:
+    names = {"baseline": "baseline", "candidate": "candidate"}
+    arms = manifest.get("arms")
+    if isinstance(arms, Mapping):
+        for name, arm in arms.items():
+            if isinstance(arm, Mapping) and arm.get("route") in names:
+                names[arm["route"]] = str(name)
+    return names
+
+
+def _flag_value(argv: Any, flag: str) -> str | None:
+    if not isinstance(argv, (list, tuple)):
+        return None
+    for i, item in enumerate(argv):
+        if item == flag and i + 1 < len(argv):
+            return str(argv[i + 1])
+        if isinstance(item, str) and item.startswith(flag + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def _expected_output_len(arm: Mapping[str, Any] | None) -> int | None:
+    """Requested output length when every request must produce exactly it (``--ignore-eos``, no length range)."""
+    argv = (arm or {}).get("bench_command")
+    if not isinstance(argv, (list, tuple)) or "--ignore-eos" not in argv:
+        return None
+    try:
+        if float(_flag_value(argv, "--random-range-ratio") or 0) != 0:
+            return None
+        length = _flag_value(argv, "--random-output-len")
+        return int(length) if length is not None else None
+    except ValueError:
+        return None
+
+
+def _num(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _achieved_concurrency(frame) -> float | None:
+    """Time-averaged number of requests in flight over the level (Little's law): Σ E2EL / (last end − first start),
+    from the per-request timeline (``start_s``, ``e2el_ms``). A client that keeps ``c`` requests in flight scores
+    about ``c``; ramp-up and drain lower it a little. (Counting requests in flight at each request's start is biased
+    low under ``--ignore-eos``: equal-length requests finish together and their replacements start one by one.)"""
+    start = frame["start_s"].to_numpy(dtype=float)
+    latency = frame["e2el_ms"].to_numpy(dtype=float) / 1000.0
+    ok = np.isfinite(start) & np.isfinite(latency)
+    start, latency = start[ok], latency[ok]
+    if start.size == 0:
+        return None
+    span = float((start + latency).max() - start.min())
+    return float(latency.sum() / span) if span > 0 else None
+
+
+def _succeeded(frame):
+    error = frame["error"]
+    return frame[error.isna() | (error.astype(str).str.strip() == "")]
+
+
+def check_validity(manifest: Mapping[str, Any], levels, requests, policy: GatePolicy) -> ValidityReport:
+    """Run every validity check of issue 6 on the run's data.
+
+    Per arm and level (any failure → the level's cells are INVALID): a planned repeat not ``done`` (failed, skipped,
+    missing — issue 7's partial runs); a done repeat without its levels.csv row; failed requests above
+    ``max_failed_fraction``; fewer than ``min_requests_per_concurrency × c`` completed requests (ramp-up and drain
+    dominate); achieved concurrency below ``min_concurrency_fraction × c`` by vLLM's ``max_concurrent_requests`` or by
+    the per-request timeline; the client saturated (``client_cpu_util`` ≥ ``max_client_cpu_util``); under
+    ``--ignore-eos``, server-counted output tokens differing from the requested length; requests.csv rows disagreeing
+    with levels.csv counts. Per arm: the observed path differs from the intended one (attestation), or, with
+    ``require_attestation``, was not attested.
+    """
+    report = ValidityReport(arms=_arm_names(manifest))
+    arms_manifest = manifest.get("arms") if isinstance(manifest.get("arms"), Mapping) else {}
+    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
+    workload = scenario.get("workload") if isinstance(scenario.get("workload"), Mapping) else {}
+    planned_levels = {int(c) for c in workload.get("concurrency") or [] if _num(c)}
+    planned_repeats = int(workload["repeats"]) if _num(workload.get("repeats")) else None
+    level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
+    statuses: dict[tuple[str, int], dict[int, str]] = {}
+    for role, arm in report.arms.items():
+        arm_data = arms_manifest.get(arm) if isinstance(arms_manifest.get(arm), Mapping) else {}
+        for key, entry in (arm_data.get("levels") or {}).items():
+            match = _LEVEL_KEY.match(str(key))
+            if match:
+                status = entry.get("status") if isinstance(entry, Mapping) else entry
+                statuses.setdefault((arm, int(match.group(1))), {})[int(match.group(2))] = str(status)
+                level_set.add(int(match.group(1)))
+        attestation = arm_data.get("attestation")
+        if isinstance(attestation, Mapping) and attestation.get("valid") is False:
+            mismatches = "; ".join(str(m) for m in attestation.get("mismatches") or []) or "no details"
+            report.arm_reasons.setdefault(arm, []).append(f"{role}: observed path differs from intended ({mismatches})")
+        elif not (isinstance(attestation, Mapping) and attestation.get("valid") is True) and policy.require_attestation:
+            report.arm_reasons.setdefault(arm, []).append(
+                f"{role}: execution path not attested (manifest.json has no arms.{arm}.attestation)")
+    report.levels = tuple(sorted(level_set))
+
+    has_cpu = "client_cpu_util" in levels.columns and levels["client_cpu_util"].notna().any()
+    if not has_cpu:
+        report.not_checked.append("client saturation: levels.csv has no client_cpu_util")
+    has_requested = "requested_output_len" in requests.columns
+    level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
+                  levels.drop_duplicates(["arm", "concurrency", "repeat"], keep="last")
+                  .set_index(["arm", "concurrency", "repeat"]).iterrows()} if len(levels) else {}
+    request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
+                      requests.groupby(["arm", "concurrency", "repeat"])} if len(requests) else {}
+    if not request_groups:
+        report.not_checked.append("timeline concurrency and output lengths: requests.csv is absent or empty")
+    expected_len = {arm: _expected_output_len(arms_manifest.get(arm)) for arm in report.arms.values()}
+    if not has_requested and not any(v is not None for v in expected_len.values()):
+        report.not_checked.append("output lengths: not an --ignore-eos run with a fixed --random-output-len")
+
+    for arm in report.arms.values():
+        for level in report.levels:
+            recorded = statuses.get((arm, level), {})
+            rows = {r for (a, c, r) in level_rows if a == arm and c == level}
+            planned = set(recorded) | rows | (set(range(planned_repeats)) if planned_repeats else set())
+            if not planned:
+                report.fail(arm, level, None, "missing", "level not run (no manifest entry, no levels.csv row)")
+                continue
+            done = set()
+            for repeat in sorted(planned):
+                status = recorded.get(repeat, "done" if repeat in rows and not recorded else None)
+                if status is None:
+                    report.fail(arm, level, repeat, "missing", "not run (no manifest entry)")
+                elif status != "done":
+                    report.fail(arm, level, repeat, "status", f"{status}" if status.startswith("failed")
+                                else f"not run ({status})")
+                elif repeat not in rows:
+                    report.fail(arm, level, repeat, "missing", "done in manifest.json but no levels.csv row")
+                elif _check_repeat(report, policy, arm, level, repeat, level_rows[(arm, level, repeat)],
+                                   request_groups.get((arm, level, repeat)), expected_len[arm], has_requested):
+                    done.add(repeat)
+            report.done[(arm, level)] = done
+            report.no_requests[(arm, level)] = {r for r in done if (arm, level, r) not in request_groups}
+    return report
+
+
+def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: int, repeat: int, row,
+                  frame, expected_len: int | None, has_requested: bool) -> bool:
+    """Checks on one done repeat; records failures and returns whether it passed them all."""
+    before = len(report.failures)
+    completed, failed = _num(row.get("completed")) or 0.0, _num(row.get("failed")) or 0.0
+    total = completed + failed
+    if completed <= 0:
+        report.fail(arm, level, repeat, "failed_requests", "no completed requests")
+    elif failed / total > policy.max_failed_fraction:
+        report.fail(arm, level, repeat, "failed_requests",
+                    f"{failed:.0f} of {total:.0f} requests failed (> {100 * policy.max_failed_fraction:g} %)")
+    if 0 < completed < policy.min_requests_per_concurrency * level:
+        report.fail(arm, level, repeat, "too_few_requests",
+                    f"{completed:.0f} requests at concurrency {level}: fewer than "
+                    f"{policy.min_requests_per_concurrency:g}×{level}, ramp-up and drain dominate")
+    peak = _num(row.get("max_concurrent_requests"))
+    if peak is not None and peak < policy.min_concurrency_fraction * level:
+        report.fail(arm, level, repeat, "concurrency", f"vLLM's max_concurrent_requests {peak:.0f} far below "
+                                                       f"the level {level}")
+    cpu = _num(row.get("client_cpu_util"))
+    if cpu is not None and cpu >= policy.max_client_cpu_util:
+        report.fail(arm, level, repeat, "client_saturated",
+                    f"benchmark client used {100 * cpu:.0f} % of a core (≥ {100 * policy.max_client_cpu_util:g} %): "
+                    "the client, not the server, may be the bottleneck")
+    if frame is not None:
+        if len(frame) != total:
+            report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
+                                                            f"counts {total:.0f} requests")
+        ok = _succeeded(frame)
+        achieved = _achieved_concurrency(ok)
+        if achieved is not None and achieved < policy.min_concurrency_fraction * level:
+            report.fail(arm, level, repeat, "concurrency",
+                        f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {level}")
+        expected = ok["requested_output_len"] if has_requested else (
+            None if expected_len is None else expected_len)
+        if expected is not None:
+            wanted = np.asarray(expected, dtype=float) if has_requested else np.full(len(ok), float(expected_len))
+            got = ok["output_len"].to_numpy(dtype=float)
+            checkable = np.isfinite(wanted)
+            mismatched = int((got[checkable] != wanted[checkable]).sum())
+            if checkable.any() and mismatched / checkable.sum() > policy.max_output_len_mismatch_fraction:
+                report.fail(arm, level, repeat, "output_len",
+                            f"{mismatched} of {int(checkable.sum())} requests produced a different number of tokens "
+                            "than requested under --ignore-eos (the server stopped early or counted differently)")
+    return len(report.failures) == before
