@@ -48,8 +48,8 @@ _CHUNK_ELEMENTS = 4_000_000
 
 
 def _special():
-    """scipy.special, imported on first use: the CLI imports this module (via the scenario's GatePolicy) for every
-    command, and scipy's import costs about a second."""
+    """scipy.special, imported on first use: scipy's import costs about a second, which commands that never compute
+    an interval (plan, compare's bad-input paths) should not pay."""
     from scipy import special
 
     return special
