@@ -2,7 +2,7 @@
 
 Every child the harness starts (servers, the benchmark client, lm-eval) goes through :func:`spawn`, which registers
 it; :func:`stop_all` (called on normal exit, error, SIGINT and SIGTERM by :func:`cleanup_on_exit`) sends SIGTERM to
-each process group, waits ``grace_s``, then SIGKILLs what is left. No ``shell=True`` anywhere.
+each process group, waits ``grace_s``, then SIGKILLs what is left. Commands are argument lists; no shell is used.
 """
 
 from __future__ import annotations
