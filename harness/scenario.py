@@ -184,6 +184,14 @@ class Scenario(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _requests_fit(self) -> "Scenario":
+        need = self.workload.input_len + self.workload.output_len
+        if need > self.model.max_model_len:
+            raise ValueError(f"workload.input_len + workload.output_len = {need} exceeds model.max_model_len "
+                             f"{self.model.max_model_len}; shorten the requests or raise model.max_model_len")
+        return self
+
+    @model_validator(mode="after")
     def _prefill_fits(self) -> "Scenario":
         batched = self.serve.max_num_batched_tokens
         if not self.serve.chunked_prefill and batched is not None and self.model.max_model_len > batched:

@@ -49,6 +49,7 @@ BASE = (Path(SCENARIOS_DIR) / "cpu-tiny.toml").read_text()
     ("[serve]", '[serve]\nquantization = "int3"', "serve.quantization", "use one of"),
     ('route = "candidate"', 'route = "baseline"', "(top level)", "allow_identical_arms"),
     ("[arms.candidate]", "[arms.other]", "(top level)", "exactly two arms"),
+    ("input_len = 64", "input_len = 999999", "(top level)", "exceeds model.max_model_len 4096"),
     ("max_num_batched_tokens = 4096", "max_num_batched_tokens = 2048", "(top level)",
      "max_model_len 4096 > serve.max_num_batched_tokens 2048"),
 ])
