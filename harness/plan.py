@@ -119,6 +119,9 @@ def check_machine(scenario: Scenario, machine: Machine) -> None:
         if needs:
             raise PlanError(f"{' and '.join(needs)} requires a CUDA machine with {serve.tensor_parallel_size} "
                             f"GPU(s); this machine has none — drop the flag or run on a GPU node")
+        if serve.kv_cache_dtype not in ("auto", "bfloat16"):
+            raise PlanError(f"--kv-cache-dtype {serve.kv_cache_dtype} is not supported by vLLM's CPU MLA backend "
+                            f"(it only takes non-quantized caches); use auto on CPU or run on a GPU node")
         if scenario.platform == "cuda":
             raise PlanError(f"scenario '{scenario.name}' requires a CUDA machine; on this CPU machine use "
                             f"--scenario cpu-tiny")
@@ -150,6 +153,8 @@ def _model_location(scenario: Scenario) -> tuple[str, str]:
             path = str(ensure_tiny_model(name))
         return path, model.tokenizer or path
     local = resolve_path(model.id)
+    if not local.exists() and (model.id.startswith(("/", "./", "../", "~")) or Path(model.id).expanduser().exists()):
+        raise PlanError(f"model path {model.id} does not exist; pass an existing directory or a Hugging Face id")
     path = str(local) if local.exists() else model.id
     return path, model.tokenizer or path
 

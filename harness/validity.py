@@ -111,7 +111,7 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _achieved_concurrency(frame) -> float | None:
+def achieved_concurrency(frame) -> float | None:
     """Time-averaged number of requests in flight over the level (Little's law): Σ E2EL / (last end − first start),
     from the per-request timeline (``start_s``, ``e2el_ms``). A client that keeps ``c`` requests in flight scores
     about ``c``; ramp-up and drain lower it a little. (Counting requests in flight at each request's start is biased
@@ -238,7 +238,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
             report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
                                                             f"counts {total:.0f} requests")
         ok = _succeeded(frame)
-        achieved = _achieved_concurrency(ok)
+        achieved = achieved_concurrency(ok)
         if achieved is not None and achieved < policy.min_concurrency_fraction * level:
             report.fail(arm, level, repeat, "concurrency",
                         f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {level}")

@@ -38,11 +38,14 @@ def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
     (["--scenario", "glm-5.2-nvfp4-tp4"], "requires a CUDA machine"),
     (["--concurrency", "0"], "workload.concurrency"),
     (["--scenario", "nope"], "no such scenario"),
+    (["--kv-cache-dtype", "fp8"], "CPU MLA backend"),
+    (["--model", "/nonexistent/model"], "does not exist"),
+    (["--input-len", "999999"], "exceeds model.max_model_len"),
 ])
 def test_compare_refuses_bad_input_with_one_line_and_exit_2(capsys, tmp_path, flags, needle):
     from harness import machine
 
-    if machine.detect().name == "cuda" and "CUDA" in needle:
+    if machine.detect().name == "cuda" and ("CUDA" in needle or "CPU" in needle):
         pytest.skip("this machine has CUDA")
     code, _, err = _run(capsys, "compare", "--out", str(tmp_path / "results"), *flags)
     assert code == 2

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from harness import records
+from harness.validity import achieved_concurrency
 from harness.report.metrics_table import (
     ARMS,
     BASELINE,
@@ -326,6 +327,18 @@ def _summary_of(frame, column: str) -> Summary:
     return summarize([_float(v) if _float(v) is not None else float("nan") for v in frame[column].tolist()])
 
 
+def _achieved(reqs) -> Summary:
+    """Achieved concurrency per repeat by Little's law (Σ E2EL / span of the successful requests), summarized."""
+    if not len(reqs):
+        return Summary(None, None, None, 0)
+    values = []
+    for _, group in reqs.groupby("repeat"):
+        ok = group[group["error"].isna() | (group["error"].astype(str).str.strip() == "")]
+        value = achieved_concurrency(ok)
+        values.append(value if value is not None else float("nan"))
+    return summarize(values)
+
+
 def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelView]:
     """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
 
@@ -353,7 +366,7 @@ def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelVie
                 status=status, status_class=status_class, status_short=short, repeats=len(rows),
                 completed=_summary_of(rows, "completed"), failed=_summary_of(rows, "failed"),
                 duration_s=_summary_of(rows, "duration_s"),
-                max_concurrent=_summary_of(rows, "max_concurrent_requests"),
+                max_concurrent=_achieved(reqs),
                 client_cpu_util=_summary_of(rows, "client_cpu_util"),
                 requests=n_requests, request_errors=n_errors, output_len_range=length_range, errors=errors,
             )
