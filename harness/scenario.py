@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harness.policy import GatePolicy
 
@@ -34,6 +34,15 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_ds_mla")
 ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")
 
 
+def _one_of(key: str, allowed: tuple[str, ...]):
+    """A pydantic after-validator accepting only ``allowed`` values, naming them in the error."""
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise ValueError(f"unknown {key} {value!r}; use one of {', '.join(allowed)}")
+        return value
+    return check
+
+
 class ScenarioError(ValueError):
     """A scenario file or override is invalid; ``str(error)`` is the one-line message for the user."""
 
@@ -51,27 +60,21 @@ class ModelSpec(_Frozen):
     """
 
     id: str
-    architecture: str
+    architecture: Annotated[str, AfterValidator(_one_of("architecture", ARCHITECTURES))]
     load_format: Literal["auto", "dummy", "safetensors"] = "auto"
     tokenizer: str | None = None
     hf_config_path: str | None = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int = Field(gt=0)
 
-    @field_validator("architecture")
-    @classmethod
-    def _known_architecture(cls, value: str) -> str:
-        if value not in ARCHITECTURES:
-            raise ValueError(f"unknown architecture {value!r}; use one of {', '.join(ARCHITECTURES)}")
-        return value
 
 
 class ServeSpec(_Frozen):
     """Options shared by both arms' ``vllm serve`` (arms add their own on top)."""
 
     tensor_parallel_size: int = Field(default=1, ge=1)
-    quantization: str = "none"
-    kv_cache_dtype: str = "auto"
+    quantization: Annotated[str, AfterValidator(_one_of("quantization", tuple(QUANTIZATIONS)))] = "none"
+    kv_cache_dtype: Annotated[str, AfterValidator(_one_of("kv_cache_dtype", KV_CACHE_DTYPES))] = "auto"
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     chunked_prefill: bool = True
     concurrent_servers: bool = False
@@ -79,19 +82,6 @@ class ServeSpec(_Frozen):
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("quantization")
-    @classmethod
-    def _known_quantization(cls, value: str) -> str:
-        if value not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {value!r}; use one of {', '.join(QUANTIZATIONS)}")
-        return value
-
-    @field_validator("kv_cache_dtype")
-    @classmethod
-    def _known_kv_cache_dtype(cls, value: str) -> str:
-        if value not in KV_CACHE_DTYPES:
-            raise ValueError(f"unknown kv_cache_dtype {value!r}; use one of {', '.join(KV_CACHE_DTYPES)}")
-        return value
 
     @property
     def vllm_quantization(self) -> str | None:
