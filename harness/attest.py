@@ -24,8 +24,10 @@ Log lines read (vLLM 0.32; file:line as printed in the log prefix):
   ``[gpu_model_runner.py`` or ``[cpu_model_runner.py`` (the V1 runners' files) → v1.
 - ``[vllm.py] Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1. Set VLLM_USE_BREAKABLE_CUDAGRAPH=0 to opt out.`` —
   vLLM switched breakable graphs on by itself (it only does so when the variable is unset).
-- ``[cpu_model_runner.py] Warming up model for the compilation...``, ``[decorators.py] [backbone] saved AOT compiled
-  function`` / ``Compiling a graph`` / ``torch.compile took`` — evidence that torch.compile ran.
+- ``[decorators.py] [backbone] saved AOT compiled function`` / ``loaded AOT compiled function`` / ``Compiling a
+  graph`` / ``torch.compile took`` / ``Dynamo bytecode transform time`` — evidence that torch.compile ran. Not
+  ``[cpu_model_runner.py] Warming up model for the compilation...``: the CPU runner prints it whenever the mode is not
+  NONE, also for a model class vLLM does not compile (no ``support_torch_compile``).
 - ``[model.py] Resolved architecture: X``, ``[api_utils.py] non-default args: {...}``, ``Using X backend.``,
   ``[core.py] init engine (profile, create kv cache, warmup model) took N s``.
 
@@ -62,7 +64,7 @@ _V2_USED = re.compile(r"Using V2 Model Runner")
 _V1_RUNNER_FILES = ("gpu_model_runner.py", "cpu_model_runner.py")
 _BREAKABLE_AUTO = re.compile(r"Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1")
 _COMPILE_EVIDENCE = re.compile(
-    r"Warming up model for the compilation|saved AOT compiled function|Compiling a graph|torch\.compile took"
+    r"saved AOT compiled function|Compiling a graph|torch\.compile took"
     r"|Dynamo bytecode transform time|loaded AOT compiled function")
 _ARCH = re.compile(r"Resolved architecture: (?P<arch>\S+)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")

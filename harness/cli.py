@@ -33,7 +33,7 @@ def _levels(text: str) -> list[int]:
 def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scenario and overrides (flags override the scenario file)")
     group.add_argument("--scenario", help="scenario name in scenarios/ or a TOML path "
-                                          "(default: cpu-tiny without CUDA; glm-5.2-nvfp4-tp4 with CUDA)")
+                                          "(default: cpu-tiny-dsa without CUDA; glm-5.2-nvfp4-tp4 with CUDA)")
     group.add_argument("--model", help="model path or Hugging Face id (overrides model.id)")
     group.add_argument("--tp", type=int, help="tensor parallel size (serve.tensor_parallel_size)")
     group.add_argument("--quant", help="quantization: none, fp8, nvfp4, … (serve.quantization)")
@@ -72,10 +72,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def default_scenario(machine_name: str, tp: int | None, quant: str | None) -> str:
-    """The embedded default: ``cpu-tiny`` without CUDA; on CUDA the headline GLM run unless TP 8 / FP8 asks for
-    DeepSeek-V3.2."""
+    """The embedded default: ``cpu-tiny-dsa`` (a tiny DeepSeek-V3.2 served through dsa_route) without CUDA; on CUDA the
+    headline GLM run unless TP 8 / FP8 asks for DeepSeek-V3.2."""
     if machine_name != "cuda":
-        return "cpu-tiny"
+        return "cpu-tiny-dsa"
     if tp == 8 or quant == "fp8":
         return "deepseek-v3.2-fp8-tp8"
     return "glm-5.2-nvfp4-tp4"
@@ -221,6 +221,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         manifest = Runner(plan, run_dir, options, console, resume_manifest=stored).run()
     except (KeyboardInterrupt, procs.Interrupted):
         console.print(f"[red]interrupted[/]: finished levels are in {run_dir}")
+        console.print(f"to run the rest: dsa-bench compare --resume {run_dir}")
         _conclude(run_dir, console)
         return 130
     gate_code = _conclude(run_dir, console)
@@ -283,10 +284,17 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return exit_code(result)
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse with a one-line usage error (``prog: error: … (see prog --help)``, exit 2) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``dsa-bench`` argument parser."""
-    parser = argparse.ArgumentParser(prog="dsa-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineErrors(prog="dsa-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
     compare = sub.add_parser("compare", help="run baseline vs candidate on real vLLM and write a report")
     _add_scenario_flags(compare)
     compare.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")

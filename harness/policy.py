@@ -6,9 +6,12 @@ Pure: data and validation only; no files, processes or sockets. :mod:`harness.sc
 
 Margins' origin: the defaults are issue 6's (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
 −2 %). For scale: one arm's standard error on the full 1319-question GSM8K
-test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change), and with
-the recorded fixture's run-to-run noise (per-repeat throughput CV ≈ 1.1–1.5 %) :data:`RECOMMENDED_REPEATS` repeats
-resolve a 5 % loss against the 3 % margin (power figures in ``tests/test_verdict.py``). p99 latencies, if made primary,
+test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change), and at
+a quiet machine's run-to-run noise (per-repeat throughput CV ≈ 1.1–1.5 %: the synthetic pool
+``tests/fixtures/recorded/run``) :data:`RECOMMENDED_REPEATS` repeats resolve a 5 % loss against the 3 % margin (power
+figures in ``tests/test_verdict.py``). At the 2-core CPU machine's noise (per-repeat CV 8–25 % on 2–8-second levels,
+quiet or loaded; ``tests/fixtures/recorded/real-cpu``) no affordable repeat count does; the gate then says
+INCONCLUSIVE. p99 latencies, if made primary,
 default to +10 %: a tail quantile is far noisier.
 """
 
@@ -24,8 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 __all__ = ["Status", "SEVERITY", "MetricSpec", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
 
 RECOMMENDED_REPEATS = 8
-"""Default ``workload.repeats`` recommended for gated runs: the smallest count at which the simulation on the
-recorded fixture FAILs a 5 % throughput regression in ≥ 90 % of resamples (see ``tests/test_verdict.py``)."""
+"""``workload.repeats`` recommended for gated runs (the GPU scenarios' default): the smallest count at which the
+simulation on the quiet-machine pool FAILs a 5 % throughput regression in ≥ 90 % of resamples (see
+``tests/test_verdict.py``)."""
 
 
 class Status(str, Enum):

@@ -14,7 +14,8 @@ A run directory ``results/<run-id>/`` holds:
 
     schema_version, run_id, status ("running" | "done" | "failed" | "interrupted"), started_at, ended_at (ISO 8601 UTC),
     scenario_name, scenario_file, scenario (the resolved scenario as a dict),
-    platform {name: "cpu"|"cuda", device: str (CPU or GPU model), cpu_count, gpu_count},
+    platform {name: "cpu"|"cuda", device: str (CPU or GPU model), cpu_count, gpu_count, has_triton,
+              load_avg_at_start, load_avg_at_end: "1m / 5m / 15m" load averages (noise context)},
     versions {dsa_bench, vllm, torch, python}, git_sha,
     notes [str]                       # plain-language notes for the report (e.g. what the CPU build cannot do)
     arms {

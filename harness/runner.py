@@ -43,6 +43,14 @@ class RunOptions:
     gsm8k: accuracy.GsmData | None = None   # where GSM8K comes from; None or source "skip" → not run
 
 
+def _load_avg() -> str:
+    """The host's 1/5/15-minute load averages (runnable processes; compare with ``cpu_count``): noise context."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unavailable"
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -141,13 +149,15 @@ class Runner:
     # ----------------------------------------------------------------------------------------------- manifest
     def _initial_manifest(self) -> dict[str, Any]:
         plan = self.plan
+        first_c, first_r = plan.levels()[0]
         arms = {}
         for arm in plan.arms:
             arms[arm.name] = {
                 "route": arm.route, "description": arm.description, "decision": arm.decision,
                 "unavailable": list(arm.unavailable),
                 "server_command": arm.server_argv("<port>"), "server_env": redact_env(arm.server_env),
-                "bench_command": plan.bench_argv(arm, 0, 0, "http://127.0.0.1:<port>", self.run_dir / records.RAW_DIR),
+                "bench_command": plan.bench_argv(arm, first_c, first_r, "http://127.0.0.1:<port>",
+                                                self.run_dir / records.RAW_DIR),
                 "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
                 "server_start_s": None, "base_url": None,
                 "levels": {level_key(c, r): {"status": "pending"} for c, r in plan.levels()},
@@ -155,7 +165,8 @@ class Runner:
         return {
             "schema_version": records.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
             "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
-            "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")), "platform": plan.machine.to_dict(),
+            "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")),
+            "platform": {**plan.machine.to_dict(), "load_avg_at_start": _load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
             "timing": {},
@@ -394,6 +405,7 @@ class Runner:
                         level["status"] = "skipped: run stopped before this level"
             self.manifest["status"] = status
             self.manifest["ended_at"] = _now()
+            self.manifest["platform"]["load_avg_at_end"] = _load_avg()
             self._save()
         return self.manifest
 

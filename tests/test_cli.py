@@ -85,6 +85,6 @@ def test_flags_map_to_scenario_keys():
 
 
 def test_default_scenario_by_machine():
-    assert default_scenario("cpu", None, None) == "cpu-tiny"
+    assert default_scenario("cpu", None, None) == "cpu-tiny-dsa"
     assert default_scenario("cuda", 4, "nvfp4") == "glm-5.2-nvfp4-tp4"
     assert default_scenario("cuda", 8, "fp8") == "deepseek-v3.2-fp8-tp8"

@@ -387,6 +387,7 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
     run_dir = _run_dir(out)
     assert code == 130, err[-3000:]
     assert f"interrupted: finished levels are in {run_dir}" in err
+    assert "dsa-bench compare --resume" in err
     assert leftovers(env) == []       # servers, engine processes, benchmark client: all gone
     manifest = _manifest(run_dir)
     assert manifest["status"] == "interrupted"

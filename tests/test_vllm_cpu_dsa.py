@@ -93,6 +93,15 @@ def test_step_keys_flat_ranges_cover_prefix_decode_and_verify():
         step_keys(meta, torch.tensor([5, 6, 8, 9, 3, 4]))
 
 
+def test_flat_slots_follow_each_requests_block_table():
+    from dsa_route.vllm_cpu.attention import flat_slots
+
+    # block size 4; request 0 has 6 keys in blocks 7, 2; request 1 has 3 keys in block 5; request 2 none yet.
+    table = torch.tensor([[7, 2], [5, 0], [0, 0]], dtype=torch.int32)
+    slots = flat_slots(table, torch.tensor([6, 3, 0], dtype=torch.int32), 4)
+    assert slots.tolist() == [28, 29, 30, 31, 8, 9, 20, 21, 22] and slots.dtype == torch.int64
+
+
 def test_flat_indexer_and_sparse_mla_equal_per_request():
     """The flat multi-request layout used on vLLM batches gives each request exactly its own per-request result."""
     from dsa_route.dsa import indexer_logits, sparse_mla, topk_indices

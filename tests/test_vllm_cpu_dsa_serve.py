@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -61,9 +62,9 @@ def _model_dir(name: str, tmp_root: Path) -> Path:
 class Server:
     """``vllm serve`` in its own process group; stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, model: Path, log: Path, dtype: str, extra: list[str]):
+    def __init__(self, model: Path, log: Path, dtype: str, extra: list[str], route: str = "candidate"):
         self.port = _free_port()
-        env = {**os.environ, "DSA_ROUTE": "candidate", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env = {**os.environ, "DSA_ROUTE": route, "VLLM_CPU_KVCACHE_SPACE": "1"}
         cmd = [str(VLLM), "serve", str(model), "--served-model-name", "tiny", "--port", str(self.port),
                "--host", "127.0.0.1", "--dtype", dtype, "--max-model-len", "1024", "--seed", "0",
                "--block-size", "16", *extra]
@@ -119,16 +120,23 @@ def _reference_tokens(model_dir: Path, dtype: str, prompt_ids: list[list[int]]) 
     return [model.generate(torch.tensor([ids]), NEW_TOKENS)[0].tolist() for ids in prompt_ids]
 
 
-@pytest.mark.parametrize("name", ["tiny-deepseek-v32", "tiny-glm-moe-dsa"])
-def test_served_greedy_tokens_equal_reference_with_mtp_batches_and_prefix_cache(name, tmp_path):
+# (model, compilation mode): the candidate's CompilationMode.NONE for both families, and the baseline's VLLM_COMPILE
+# (CPU: DYNAMO_TRACE_ONCE + inductor around dsa_route's opaque attention/MoE ops) for V3.2.
+@pytest.mark.parametrize("name,mode", [("tiny-deepseek-v32", "NONE"), ("tiny-glm-moe-dsa", "NONE"),
+                                       ("tiny-deepseek-v32", "VLLM_COMPILE")])
+def test_served_greedy_tokens_equal_reference_with_mtp_batches_and_prefix_cache(name, mode, tmp_path):
     model = _model_dir(name, tmp_path)
     config = json.loads((model / "config.json").read_text())
-    extra = ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']
-    with Server(model, tmp_path / "server.log", "float32", extra) as server:
+    extra = ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
+             "--compilation-config", json.dumps({"mode": mode})]
+    route = "baseline" if mode == "VLLM_COMPILE" else "candidate"
+    with Server(model, tmp_path / "server.log", "float32", extra, route) as server:
         server.wait_ready()
         log = (tmp_path / "server.log").read_text()
         line = next(l for l in log.splitlines() if l.startswith("dsa_route:"))
         assert "dsa_route.vllm_cpu.model:DsaCpu" in line and "DsaCpuMTPModel" in line
+        compiled = re.search(r"\[backbone\] (saved|loaded) AOT compiled function", log) is not None
+        assert compiled == (mode == "VLLM_COMPILE"), "the compiled arm compiles the target model; NONE does not"
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             first = list(pool.map(server.complete, PROMPTS))
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:

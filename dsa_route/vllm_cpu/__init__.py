@@ -24,6 +24,11 @@ names, so vLLM's loader feeds them unchanged), and each attention layer computes
 ``sparse_mla`` with the reference functions over the pages vLLM allocated (:func:`.attention.paged_dsa_attention`).
 The MLP/MoE also run the reference modules rather than vLLM's fused MoE: the served tokens must equal the oracle's
 greedy tokens bit for bit, and vLLM's CPU fused-MoE kernels round differently.
+
+Compilation (:mod:`.ops`): the target class carries vLLM's ``support_torch_compile``, with each attention layer and
+each MoE as an opaque custom op (``vllm::dsa_route_cpu_attention``, ``vllm::dsa_route_cpu_moe``), so the baseline arm's
+``CompilationMode.VLLM_COMPILE`` really compiles the model (embeddings, norms, residuals, dense MLP) on CPU, and the
+candidate's ``CompilationMode.NONE`` runs the same ops eagerly.
 """
 
 MODEL_MODULE = "dsa_route.vllm_cpu.model"

@@ -12,8 +12,9 @@ specs as vLLM's own DSA layers (``deepseek_v2.DeepseekV32IndexerCache`` and the 
 cache manager groups and sizes them exactly as for the GPU implementation.
 
 Keys live at ``slot = block_table[r, pos // bs] · bs + pos % bs`` for the token at position ``pos`` of request ``r``.
-For a step, each request's rows ``[0, seq_len_r)`` are gathered into one flat key array (request r at offset
-``o_r``); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. That single rule covers prefill with
+For a step, each request's rows ``[0, seq_len_r)`` form one flat key array (request r at offset ``o_r``; row → slot by
+:func:`flat_slots`); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. The indexer scores all
+visible rows (its 132-byte keys are gathered); sparse MLA reads only the ``index_topk`` selected latent rows, by slot. That single rule covers prefill with
 a cached prefix (prefix caching, chunked prefill), decode, mixed batches and multi-token MTP verification, and it is
 exactly the reference's ``key_start``/``key_end`` contract (:func:`dsa_route.dsa.indexer_logits`).
 """
@@ -162,15 +163,17 @@ class _DsaCache(torch.nn.Module, AttentionLayerBase):
         bs = self.kv_cache.shape[1]
         self.kv_cache[slots // bs, slots % bs] = rows.to(self.kv_cache.dtype)
 
+    def rows(self) -> torch.Tensor:
+        """The whole cache as one row per slot, ``[num_blocks · bs, width]`` (a view, no copy)."""
+        return self.kv_cache.reshape(-1, self.kv_cache.shape[-1])
+
+    def slots(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Slot of every row of the step's flat key array, ``[Σ seq_len_r]`` int64 (see :func:`flat_slots`)."""
+        return flat_slots(block_table, seq_lens, self.kv_cache.shape[1])
+
     def gather(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
         """Rows ``[0, seq_len_r)`` of every request, concatenated: ``[Σ seq_len_r, width]``."""
-        bs = self.kv_cache.shape[1]
-        parts = []
-        for r in range(seq_lens.shape[0]):
-            n = int(seq_lens[r])
-            blocks = block_table[r, : (n + bs - 1) // bs].long()
-            parts.append(self.kv_cache[blocks].reshape(-1, self.kv_cache.shape[-1])[:n])
-        return torch.cat(parts) if parts else self.kv_cache.new_zeros(0, self.kv_cache.shape[-1])
+        return self.rows()[self.slots(block_table, seq_lens)]
 
 
 class DsaLatentCache(_DsaCache):
@@ -195,6 +198,19 @@ def attach_caches(attn: DsaAttention, prefix: str, cache_dtype: torch.dtype) -> 
     attn.latent_cache = DsaLatentCache(f"{prefix}.latent_cache", attn.kv_lora_rank, attn.rope_dim, cache_dtype)
     attn.index_cache = (DsaIndexerCache(f"{prefix}.indexer.k_cache", attn.indexer.head_dim)
                         if attn.indexer is not None else None)
+
+
+def flat_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slot of each row of the flat key array: request ``r``'s positions ``0 … seq_len_r - 1`` at offset
+    ``o_r = Σ_{r' < r} seq_len_r'``, slot ``block_table[r, pos // bs] · bs + pos % bs``.
+
+    ``block_table [R, max_blocks]`` int32, ``seq_lens [R]`` int32 → ``[Σ seq_len_r]`` int64. Vectorised: no loop over
+    requests.
+    """
+    seq = seq_lens.long()
+    req = torch.repeat_interleave(torch.arange(seq.shape[0]), seq)  # [T] request of each row
+    pos = torch.arange(req.shape[0]) - (torch.cumsum(seq, 0) - seq)[req]  # [T] position within its request
+    return block_table[req, pos // block_size].long() * block_size + pos % block_size
 
 
 def kv_cache_dtype_for(vllm_config: VllmConfig) -> torch.dtype:
@@ -235,19 +251,19 @@ def step_keys(meta: DsaCpuMetadata, positions: torch.Tensor) -> StepKeys:
 
 
 def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                        sin: torch.Tensor, shared_topk: torch.Tensor | None
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        sin: torch.Tensor) -> torch.Tensor:
     """One DSA attention layer on a flat vLLM batch: the reference ``DsaAttention.forward`` with keys in vLLM pages.
 
     Args:
-        attn: the reference module (weights) with caches from :func:`attach_caches`.
+        attn: the reference module (weights) with caches from :func:`attach_caches`. A layer without its own indexer
+            (GLM's shared top-k layers) reads ``attn.topk_source.last_topk``, the flat ``[n, K]`` indices the
+            previous full layer stored in this step.
         x: ``[N, D]`` normed hidden states (N may include padding beyond the metadata's token count).
         positions: ``[N]`` token positions; ``cos/sin [N, P/2]`` from the reference RoPE table.
-        shared_topk: the previous full layer's ``[N, K]`` flat indices, for a layer without its own indexer.
 
     Returns:
-        ``(out [N, D], topk [N, K] int32 flat indices or None)``. Without metadata (vLLM's profiling / dummy runs)
-        nothing is written and the attention output is zero.
+        ``out [N, D]``. Without metadata (vLLM's profiling / dummy runs) nothing is written and the attention output
+        is zero. Raises ValueError when a shared top-k layer has no indices to share.
     """
     N = x.shape[0]
     H, Nd, P, L, V = attn.n_heads, attn.nope_dim, attn.rope_dim, attn.kv_lora_rank, attn.v_dim
@@ -261,13 +277,14 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
     idx = attn.indexer(x[None], q_latent[None], cos[None], sin[None]) if attn.indexer is not None else None
 
     meta = _metadata(attn.latent_cache.prefix)
+    attn.last_topk = None
     if meta is None or meta.num_actual_tokens == 0:
-        return attn.o_proj(x.new_zeros(N, H * V)), None
+        return attn.o_proj(x.new_zeros(N, H * V))
     n = meta.num_actual_tokens
     attn.latent_cache.write(meta.slot_mapping, torch.cat((c_kv[:n], k_pe[:n]), dim=-1))
-    kv_rows = attn.latent_cache.gather(meta.block_table, meta.seq_lens).to(x.dtype)  # [T, C]
+    latent_slots = attn.latent_cache.slots(meta.block_table, meta.seq_lens)  # [T] slot of each flat key row
     keys = step_keys(meta, positions)
-    assert kv_rows.shape == (keys.rows, L + P)
+    assert latent_slots.shape == (keys.rows,)
     if idx is not None:
         imeta = _metadata(attn.index_cache.prefix)  # may sit in another KV-cache group: its own slots and blocks
         attn.index_cache.write(imeta.slot_mapping, pack_indexer_keys(idx.k[0, :n]))
@@ -275,17 +292,20 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
                                          attn.index_cache.index_head_dim)  # [T, I] fp32
         logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_end, keys.key_start)
         indices = topk_indices(logits, attn.index_topk)  # [n, K] into the flat key array
-    elif shared_topk is not None:
-        indices = shared_topk
+    elif getattr(attn, "topk_source", None) is not None and attn.topk_source.last_topk is not None:
+        indices = attn.topk_source.last_topk
     else:
         raise ValueError("a shared top-k layer needs the previous full layer's indices")
     w_uk, w_uv = split_kv_b(attn.kv_b_proj.weight, H, Nd, V)
     q_lat = absorb_query(q_nope[:n], q_pe[:n], w_uk)  # [n, H, C]
-    o_lat = sparse_mla(q_lat, kv_rows, indices, attn.softmax_scale, L)  # [n, H, L]
+    # Read only the selected latent rows, straight from the pages: flat indices → slots (-1 stays -1).
+    selected = torch.where(indices >= 0, latent_slots[indices.clamp_min(0).long()], -1)  # [n, K]
+    o_lat = sparse_mla(q_lat, attn.latent_cache.rows(), selected, attn.softmax_scale, L)  # [n, H, L]
     o = unabsorb_output(o_lat, w_uv).reshape(n, H * V)
     if n < N:
         o = torch.cat((o, o.new_zeros(N - n, H * V)))
-    return attn.o_proj(o), indices
+    attn.last_topk = indices
+    return attn.o_proj(o)
 
 
 def _metadata(layer_name: str) -> DsaCpuMetadata | None:

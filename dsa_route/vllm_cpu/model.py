@@ -19,11 +19,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 
 from dsa_route.dsa import DsaConfig, DsaForCausalLM
+from dsa_route.dsa.moe import MoE
 
-from .attention import attach_caches, kv_cache_dtype_for, paged_dsa_attention
+from .attention import attach_caches, kv_cache_dtype_for
+from .ops import dsa_attention, dsa_moe, register_layer
 
 # vLLM loads deepseek_v32 configs as transformers' DeepseekV3Config (model_type "deepseek_v3" inside the engine) and
 # renames a DSA draft's model_type to "deepseek_mtp" (config/speculative.py); the DSA fields are intact in both.
@@ -65,19 +68,30 @@ class _DsaCpuBase(DsaForCausalLM):
             if i not in used:
                 self.model.layers[i] = nn.Identity()
         cache_dtype = kv_cache_dtype_for(vllm_config)
+        topk_source = None
         for i in used:
-            attach_caches(self.model.layers[i].self_attn, f"model.layers.{i}.self_attn", cache_dtype)
+            layer = self.model.layers[i]
+            attach_caches(layer.self_attn, f"model.layers.{i}.self_attn", cache_dtype)
+            register_layer(f"model.layers.{i}.self_attn", layer.self_attn)
+            if isinstance(layer.mlp, MoE):
+                register_layer(f"model.layers.{i}.mlp", layer.mlp)
+            if layer.self_attn.indexer is not None:
+                topk_source = layer.self_attn
+            elif keep == "decoder":  # a shared top-k layer (GLM): reads the previous full layer's indices
+                object.__setattr__(layer.self_attn, "topk_source", topk_source)  # a reference, not a submodule
         self.used_layers = tuple(used)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
 
-    def _block(self, layer, h: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               shared_topk: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The reference ``DecoderLayer.forward`` with the paged attention: ``h [N,D]`` → ``(h, topk)``."""
-        attn, topk = paged_dsa_attention(layer.self_attn, layer.input_layernorm(h), positions, cos, sin, shared_topk)
-        h = h + attn
-        return h + layer.mlp(layer.post_attention_layernorm(h)), topk
+    def _block(self, i: int, h: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor) -> torch.Tensor:
+        """The reference ``DecoderLayer.forward`` of layer ``i`` with the paged attention (and the MoE) as opaque ops
+        (:mod:`.ops`): ``h [N, D]`` → ``[N, D]``."""
+        layer = self.model.layers[i]
+        h = h + dsa_attention(layer.input_layernorm(h), positions, cos, sin, f"model.layers.{i}.self_attn")
+        x = layer.post_attention_layernorm(h)
+        return h + (dsa_moe(x, f"model.layers.{i}.mlp") if isinstance(layer.mlp, MoE) else layer.mlp(x))
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -107,9 +121,15 @@ class _DsaCpuBase(DsaForCausalLM):
         return loaded
 
 
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class DsaCpuForCausalLM(_DsaCpuBase):
     """``DeepseekV32ForCausalLM`` on vLLM CPU: embeddings → decoder layers (paged DSA attention, reference MLP/MoE) →
-    final norm; ``compute_logits`` is the reference LM head (fp32 logits)."""
+    final norm; ``compute_logits`` is the reference LM head (fp32 logits).
+
+    ``support_torch_compile``: under ``CompilationMode.VLLM_COMPILE`` (the baseline arm; CPU runs it as
+    ``DYNAMO_TRACE_ONCE`` + inductor) vLLM compiles ``forward`` — embeddings, RMSNorms, residual adds, the dense MLP
+    and RoPE tables — around the opaque attention and MoE ops; under ``CompilationMode.NONE`` it runs eagerly. The
+    MTP draft (:class:`DsaCpuMTPModel`) is not compiled."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix, keep="decoder")
@@ -120,11 +140,8 @@ class DsaCpuForCausalLM(_DsaCpuBase):
         the MTP drafter)."""
         h = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         cos, sin = self.rope.cos_sin(positions)
-        shared_topk = None
         for i in self.used_layers:
-            h, topk = self._block(self.model.layers[i], h, positions, cos, sin, shared_topk)
-            if topk is not None:
-                shared_topk = topk
+            h = self._block(i, h, positions, cos, sin)
         return self.model.norm(h)
 
 
@@ -144,22 +161,23 @@ class DsaCpuMTPModel(_DsaCpuBase):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix, keep="mtp")
 
-    def _mtp_layer(self, spec_step_idx: int):
-        return self.model.layers[self.used_layers[spec_step_idx % len(self.used_layers)]]
+    def _mtp_index(self, spec_step_idx: int) -> int:
+        return self.used_layers[spec_step_idx % len(self.used_layers)]
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, hidden_states: torch.Tensor,
                 intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None, spec_step_idx: int = 0,
                 **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = self._mtp_layer(spec_step_idx)
+        i = self._mtp_index(spec_step_idx)
+        layer = self.model.layers[i]
         e = layer.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         e = torch.where(positions[:, None] == 0, torch.zeros_like(e), e)  # vLLM and the reference mask position 0
         h = layer.eh_proj(torch.cat((layer.enorm(e), layer.hnorm(hidden_states)), dim=-1))
         cos, sin = self.rope.cos_sin(positions)
-        h, _ = self._block(layer, h, positions, cos, sin, None)
+        h = self._block(i, h, positions, cos, sin)
         return h, layer.shared_head.norm(h)
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
-        layer = self._mtp_layer(spec_step_idx)
+        layer = self.model.layers[self._mtp_index(spec_step_idx)]
         return layer.shared_head.head(layer.shared_head.norm(hidden_states)).float()
 
 

@@ -137,7 +137,8 @@ def delta_plot(levels: Sequence[LevelView],
     """
     intervals = intervals or {}
     figure, axes = _figure()
-    drawn = []
+    drawn: list[int] = []
+    values: list[float] = []
     for column in DELTA_METRICS:
         metric = METRIC_BY_COLUMN[column]
         xs, ys, low, high = [], [], [], []
@@ -158,8 +159,12 @@ def delta_plot(levels: Sequence[LevelView],
         else:
             axes.plot(xs, ys, marker="o", color=DELTA_COLORS[column], label=label)
         drawn.extend(xs)
+        values.extend(ys)
     if not drawn:
         return None
+    # Axis from the points, not the bars: a wide interval (few repeats, noisy level) would flatten every line.
+    pad = max(5.0, 0.5 * (max(values) - min(values)))
+    axes.set_ylim(min(min(values), 0.0) - pad, max(max(values), 0.0) + pad)
     axes.axhline(0.0, color="black", linewidth=0.8)
     _concurrency_axis(axes, sorted(set(drawn)))
     axes.set_ylabel("Δ % (candidate vs baseline)")
@@ -167,7 +172,8 @@ def delta_plot(levels: Sequence[LevelView],
     axes.set_title("Δ % vs concurrency")
     caption = "Δ % = (candidate − baseline) / baseline × 100 of the medians across repeats."
     if intervals:
-        caption += " Error bars: the verdict's confidence intervals."
+        caption += (" Error bars: the verdict's confidence intervals; the axis follows the points, so a bar that runs"
+                    " off it is cut (its bounds are in the verdict table).")
     return Plot("delta", "Δ % vs concurrency",
                 "Line chart: percent change of candidate over baseline against concurrency for output throughput, "
                 "mean TPOT, p99 TPOT and mean TTFT.", caption, png_data_uri(figure))

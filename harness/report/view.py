@@ -746,6 +746,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "elapsed": elapsed,
         "scenario_name": _show(manifest.get("scenario_name")),
         "scenario_file": _show(manifest.get("scenario_file")),
+        "scenario_description": _show(scenario.get("description") or "") if isinstance(scenario, Mapping) else "",
         "scenario_json": json.dumps(scenario, indent=2, default=str) if scenario is not None else "",
         "model": model_label(manifest),
         "model_details": model_details(manifest),
