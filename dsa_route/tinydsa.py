@@ -21,7 +21,10 @@ Geometry (defaults = the ``tiny-deepseek-v32`` preset): the tiny DeepSeek-V3 mod
 q_lora_rank 128, kv_lora_rank 512 + rope 64 = the real 576-wide latent cache, 4 layers = 1 dense + 3 MoE with 8 experts
 in 4 groups, 1 MTP layer) plus a lightning indexer (4 heads × 128, index_topk 32, so any context past 32 tokens is
 really sparse). The GLM preset (``tiny-glm-moe-dsa``) differs in indexer RoPE (interleaved), plain RoPE and one
-shared-top-k layer.
+shared-top-k layer. ``tiny-deepseek-v32-repeat`` (the ``cpu-tiny-dsa`` scenario's model) is the known-answer checkpoint
+of :func:`repeat_last_`: greedy decoding and MTP drafts repeat the last token, so acceptance is 100 % and greedy
+tokens do not hinge on rounding (seeded random weights have near-ties: their bf16 and fp32 tokens part after 1-25
+steps).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ GENERATOR_VERSION = 1
 MANIFEST_FILE = "dsa-route-tinydsa.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 TORCH_DTYPES = ("bfloat16", "float32")
+WEIGHT_KINDS = ("random", "repeat-last")
+REPEAT_LAST_BLOCK_SCALE = 0.3
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class TinyDsaSpec:
     max_position_embeddings: int = 4096
     torch_dtype: str = "bfloat16"
     seed: int = 0
+    weights: str = "random"
 
     def hf_config(self) -> dict:
         """config.json content (``DsaConfig.to_hf_config`` of :meth:`dsa_config`, plus ``torch_dtype``)."""
@@ -86,7 +92,9 @@ class TinyDsaSpec:
 
         if self.torch_dtype not in TORCH_DTYPES:
             raise ValueError(f"torch_dtype: expected one of {TORCH_DTYPES}, got {self.torch_dtype!r}")
-        hf = {k: v for k, v in asdict(self).items() if k not in ("torch_dtype", "seed")}
+        if self.weights not in WEIGHT_KINDS:
+            raise ValueError(f"weights: expected one of {WEIGHT_KINDS}, got {self.weights!r}")
+        hf = {k: v for k, v in asdict(self).items() if k not in ("torch_dtype", "seed", "weights")}
         hf.update(scoring_func="sigmoid", topk_method="noaux_tc", norm_topk_prob=True, rms_norm_eps=1e-6)
         if self.model_type == "deepseek_v32":  # YaRN, as DeepSeek-V3.2 ships (exercises mscale in the softmax scale)
             hf["rope_theta"] = 10000.0
@@ -106,6 +114,7 @@ class TinyDsaSpec:
 
 TINY_DSA_MODELS: dict[str, TinyDsaSpec] = {
     "tiny-deepseek-v32": TinyDsaSpec(),
+    "tiny-deepseek-v32-repeat": TinyDsaSpec(weights="repeat-last"),
     "tiny-glm-moe-dsa": TinyDsaSpec(model_type="glm_moe_dsa"),
 }
 
@@ -184,8 +193,9 @@ def _write_model_dir(out: Path, name: str, spec: TinyDsaSpec, config, tokenizer_
     for fname in TOKENIZER_FILES:
         if (tokenizer_dir / fname).is_file():
             shutil.copyfile(tokenizer_dir / fname, out / fname)
-    dtype = getattr(torch, spec.torch_dtype)
-    model = DsaForCausalLM(config, dtype=dtype).init_random(spec.seed)
+    model = DsaForCausalLM(config, dtype=getattr(torch, spec.torch_dtype)).init_random(spec.seed)
+    if spec.weights == "repeat-last":
+        repeat_last_(model, spec.seed)
     model.save_pretrained(out)  # config.json (with torch_dtype) + model.safetensors
     hf = json.loads((out / "config.json").read_text())
     (out / "generation_config.json").write_text(json.dumps(
@@ -194,4 +204,45 @@ def _write_model_dir(out: Path, name: str, spec: TinyDsaSpec, config, tokenizer_
         {"name": name, "generator_version": GENERATOR_VERSION, "spec": asdict(spec)}, indent=2) + "\n")
 
 
-__all__ = ["GENERATOR_VERSION", "TINY_DSA_MODELS", "TinyDsaSpec", "default_cache_dir", "ensure_tiny_dsa_model"]
+def repeat_last_(model, seed: int, block_scale: float = REPEAT_LAST_BLOCK_SCALE):
+    """Turn a randomly initialised :class:`dsa_route.dsa.DsaForCausalLM` into the known-answer checkpoint, in
+    place: the model and its MTP layer repeat the last token, by a wide logit margin, while every attention (indexer,
+    top-k, sparse MLA), MLP and MoE still adds its random-weight output to the residual stream.
+
+    - embeddings: seeded Gaussian rows rescaled to norm √D (RMS 1, like the activations); ``lm_head`` and the MTP
+      ``shared_head.head``: the same rows at unit norm, so the logit of token t for a final hidden equal to ``e_x`` is
+      ``rmsnorm(e_x) · e_t / √D`` — ≈ √D = 16 for t = x, ≈ N(0, 1) for the others;
+    - every ``o_proj`` and ``down_proj`` (dense, experts, shared expert) is scaled by ``block_scale``: the blocks move
+      the logits by up to ≈ 4 at 0.3 (measured on the parity prompts) against a top-1/top-2 gap ≥ 9, so greedy tokens
+      are the last token in fp32 and bf16 alike, and a broken attention still shows in the logprobs;
+    - final, MTP ``enorm``/``hnorm``/``shared_head.norm`` weights 1; MTP ``eh_proj`` = [I | 0] keeps the token half
+      (``enorm(embed(next token))``), so the draft is the token it was given — what the target predicts next — and
+      every greedy draft is accepted (acceptance length 1 + k).
+
+    Same recipe as ``harness.tinymodel.repeat_last_weights`` for DeepSeek-V3 (issue 5), with the blocks kept alive.
+    """
+    import torch
+
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        vocab, hidden = params["model.embed_tokens.weight"].shape
+        g = torch.Generator().manual_seed(seed + 1)
+        embed = torch.randn(vocab, hidden, generator=g)
+        embed = embed / embed.norm(dim=1, keepdim=True) * hidden ** 0.5
+        for name, tensor in params.items():
+            if name == "model.embed_tokens.weight" or name.endswith(".embed_tokens.weight"):
+                tensor.copy_(embed)
+            elif name == "lm_head.weight" or name.endswith("shared_head.head.weight"):
+                tensor.copy_(embed / hidden ** 0.5)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                tensor.mul_(block_scale)
+            elif name.endswith(("model.norm.weight", "shared_head.norm.weight", "enorm.weight", "hnorm.weight")):
+                tensor.fill_(1.0)
+            elif name.endswith("eh_proj.weight"):
+                tensor.zero_()
+                tensor[:, :hidden] = torch.eye(hidden)
+    return model
+
+
+__all__ = ["GENERATOR_VERSION", "TINY_DSA_MODELS", "TinyDsaSpec", "WEIGHT_KINDS", "default_cache_dir",
+           "ensure_tiny_dsa_model", "repeat_last_"]

@@ -11,10 +11,11 @@ import json
 import re
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.scenario import REPO_ROOT, ScenarioError, load_scenario
+from harness.scenario import REPO_ROOT, ScenarioError, find_scenario, load_scenario
 
 USAGE_ERROR = 2
 
@@ -90,15 +91,16 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     host = machine.detect()
     name = args.scenario or default_scenario(host.name, args.tp, args.quant)
     scenario = load_scenario(name, _overrides(args)).effective()
+    source = str(find_scenario(name))
     if to_run:
         check_machine(scenario, host)
-        return build_plan(scenario, host), None
+        return replace(build_plan(scenario, host), scenario_file=source), None
     try:
         check_machine(scenario, host)
         refusal = None
     except PlanError as error:
         refusal = str(error)
-    return build_plan(scenario, planning_machine(scenario, host)), refusal
+    return replace(build_plan(scenario, planning_machine(scenario, host)), scenario_file=source), refusal
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -195,6 +197,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run both arms and write the run directory and report. Exit 0 when every level is done, 1 otherwise."""
     from rich.console import Console
+    from rich.markup import escape
 
     from harness import procs
     from harness.runner import Runner, RunOptions, new_run_dir
@@ -216,6 +219,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         run_dir = new_run_dir(Path(args.out), plan.scenario.name)
     console = Console(stderr=True)
     console.print(f"dsa-bench: {plan.scenario.name} on {plan.machine.name} → {run_dir}")
+    if options.gsm8k is not None and options.gsm8k.source == "skip":
+        console.print(f"[yellow]{escape(options.gsm8k.reason)}[/] — give --gsm8k-data DIR (GSM8K train.jsonl + "
+                      "test.jsonl), or --no-gsm8k to leave accuracy out of the verdict")
     procs.cleanup_on_exit()
     try:
         manifest = Runner(plan, run_dir, options, console, resume_manifest=stored).run()

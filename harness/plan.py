@@ -57,6 +57,7 @@ class Plan:
     machine: Machine
     arms: tuple[ArmPlan, ...]
     notes: tuple[str, ...] = field(default=())
+    scenario_file: str = ""   # the TOML the scenario came from (manifest ``scenario_file``)
 
     def levels(self) -> list[tuple[int, int]]:
         """(concurrency, repeat) pairs in sweep order."""
@@ -111,6 +112,9 @@ def check_machine(scenario: Scenario, machine: Machine) -> None:
     """
     serve = scenario.serve
     if machine.name != "cuda":
+        if scenario.platform == "cuda":
+            raise PlanError(f"scenario '{scenario.name}' requires a CUDA machine; on this CPU machine use "
+                            f"--scenario cpu-tiny-dsa (the default) or cpu-tiny")
         needs = []
         if serve.tensor_parallel_size > 1:
             needs.append(f"--tp {serve.tensor_parallel_size}")
@@ -120,11 +124,9 @@ def check_machine(scenario: Scenario, machine: Machine) -> None:
             raise PlanError(f"{' and '.join(needs)} requires a CUDA machine with {serve.tensor_parallel_size} "
                             f"GPU(s); this machine has none — drop the flag or run on a GPU node")
         if serve.kv_cache_dtype not in ("auto", "bfloat16"):
-            raise PlanError(f"--kv-cache-dtype {serve.kv_cache_dtype} is not supported by vLLM's CPU MLA backend "
-                            f"(it only takes non-quantized caches); use auto on CPU or run on a GPU node")
-        if scenario.platform == "cuda":
-            raise PlanError(f"scenario '{scenario.name}' requires a CUDA machine; on this CPU machine use "
-                            f"--scenario cpu-tiny")
+            raise PlanError(f"--kv-cache-dtype {serve.kv_cache_dtype} is not supported on CPU (vLLM's CPU MLA backend "
+                            f"and dsa_route's CPU DSA caches take only non-quantized caches); use auto on CPU or run "
+                            f"on a GPU node")
     elif serve.tensor_parallel_size > machine.gpu_count:
         raise PlanError(f"--tp {serve.tensor_parallel_size} needs {serve.tensor_parallel_size} GPUs; "
                         f"this machine has {machine.gpu_count}")
@@ -135,7 +137,7 @@ def planning_machine(scenario: Scenario, host: Machine) -> Machine:
     hypothetical CUDA machine with the scenario's GPU count (so ``dsa-bench plan`` works for any scenario anywhere)."""
     if scenario.platform != "cuda" or host.name == "cuda":
         return host
-    return Machine(name="cuda", device=f"(planned; this host has no CUDA: {host.device})", cpu_count=host.cpu_count,
+    return Machine(name="cuda", device=f"planned; this host has no CUDA: {host.device}", cpu_count=host.cpu_count,
                    gpu_count=scenario.serve.tensor_parallel_size, has_triton=True)
 
 
@@ -216,4 +218,12 @@ def build_plan(scenario: Scenario, machine: Machine) -> Plan:
                      f"({'; '.join(sorted({u for arm in arms for u in arm.unavailable}))}). The arms therefore differ "
                      f"only in what the platform allows: "
                      + "; ".join(f"{arm.name} = {arm.intended.get('compilation_mode')}" for arm in arms) + ".")
+    cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
+    served_by_dsa_route = sorted({impl for arm in arms for arch, impl in arm.decision["implementation"].items()
+                                  if impl in cpu_classes and arch in arm.decision["architectures"]})
+    if served_by_dsa_route:
+        notes.append("Both arms serve the DSA model with dsa_route's CPU implementation "
+                     f"({', '.join(served_by_dsa_route)}): vLLM's CPU build has no sparse-attention backend, so the PR's class choice (deepseek_v2 vs "
+                     "deepseek_v32) cannot be compared here. The baseline compiles that class (torch.compile around "
+                     "opaque attention and MoE ops); the candidate runs it eagerly.")
     return Plan(scenario=scenario, machine=machine, arms=tuple(arms), notes=tuple(notes))

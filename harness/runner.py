@@ -165,6 +165,7 @@ class Runner:
         return {
             "schema_version": records.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
             "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
+            "scenario_file": plan.scenario_file,
             "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")),
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": _load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),

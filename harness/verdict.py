@@ -426,8 +426,8 @@ def _accuracy_cell(accuracy, policy: GatePolicy, validity: ValidityReport, base:
     reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
     if accuracy is None or len(accuracy) == 0:
         return CellInput(name, None, invalid=tuple(reasons + [
-            "accuracy.csv is absent or empty: GSM8K did not run (drop 'gsm8k_accuracy' from [gate].primary for a "
-            "run without it)"]), primary=primary)
+            "accuracy.csv is absent or empty: GSM8K did not run (accuracy/summary.json says why; rerun with "
+            "--gsm8k-data DIR, or with --no-gsm8k to leave accuracy out of the verdict)"]), primary=primary)
     frame = accuracy[accuracy["filter"].astype(str) == policy.gsm8k_filter]
     per_arm = {}
     for arm in (base, cand):

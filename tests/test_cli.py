@@ -25,6 +25,13 @@ def test_plan_cpu_tiny_shows_both_arms_and_what_the_cpu_build_lacks(capsys, tmp_
     assert "--max-concurrency 2" in out and "--ignore-eos" in out and "--save-detailed" in out
 
 
+def test_plan_cpu_tiny_dsa_says_both_arms_use_dsa_routes_cpu_class(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
+    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny-dsa", "--concurrency", "1", "--repeats", "1")
+    assert code == 0
+    assert "dsa_route's CPU implementation (dsa_route.vllm_cpu.model:DsaCpuForCausalLM)" in " ".join(out.split())
+
+
 def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
     code, out, _ = _run(capsys, "plan", "--scenario", "glm-5.2-nvfp4-tp4")
     assert code == 0

@@ -47,6 +47,27 @@ def test_tiny_dsa_model_dir_loads_in_the_reference(name, tokenizer_dir, tmp_path
     assert out.shape == (1, 2)
 
 
+def test_repeat_last_checkpoint_is_a_known_answer_with_live_blocks(tokenizer_dir, tmp_path):
+    """The cpu-tiny-dsa model: greedy tokens repeat the last token in bf16 and fp32, every MTP draft is accepted, and
+    the blocks (attention, MLP, MoE) still move the logits."""
+    from dsa_route.dsa import DsaForCausalLM
+    from dsa_route.tinydsa import repeat_last_
+
+    path = ensure_tiny_dsa_model("tiny-deepseek-v32-repeat", tmp_path, tokenizer_dir=tokenizer_dir)
+    prompt = torch.randint(0, 514, (1, 40), generator=torch.Generator().manual_seed(1))
+    for dtype in (torch.bfloat16, torch.float32):
+        model = DsaForCausalLM.from_pretrained(path, dtype=dtype)
+        assert model.generate(prompt, 8)[0].tolist() == [int(prompt[0, -1])] * 8
+    tokens, stats = model.generate_mtp(prompt, 8, 1)
+    assert tokens[0].tolist() == [int(prompt[0, -1])] * 8
+    assert stats.num_drafts > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+    spec = TINY_DSA_MODELS["tiny-deepseek-v32-repeat"]
+    silent = repeat_last_(DsaForCausalLM(spec.dsa_config(), dtype=torch.float32).init_random(spec.seed), spec.seed,
+                          block_scale=0.0)
+    moved = (model(prompt)[0, -1] - silent(prompt)[0, -1]).abs().max()
+    assert moved > 0.5, "the blocks must still contribute to the logits"
+
+
 def test_tiny_dsa_rejects_a_tokenizer_of_another_size(tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="vocab_size"):
         ensure_tiny_dsa_model("x", tmp_path, tokenizer_dir=tokenizer_dir, spec=TinyDsaSpec(vocab_size=600))

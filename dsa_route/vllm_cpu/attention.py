@@ -13,10 +13,11 @@ cache manager groups and sizes them exactly as for the GPU implementation.
 
 Keys live at ``slot = block_table[r, pos // bs] · bs + pos % bs`` for the token at position ``pos`` of request ``r``.
 For a step, each request's rows ``[0, seq_len_r)`` form one flat key array (request r at offset ``o_r``; row → slot by
-:func:`flat_slots`); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. The indexer scores all
-visible rows (its 132-byte keys are gathered); sparse MLA reads only the ``index_topk`` selected latent rows, by slot. That single rule covers prefill with
-a cached prefix (prefix caching, chunked prefill), decode, mixed batches and multi-token MTP verification, and it is
-exactly the reference's ``key_start``/``key_end`` contract (:func:`dsa_route.dsa.indexer_logits`).
+:func:`flat_slots`); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. That single rule covers
+prefill with a cached prefix (prefix caching, chunked prefill), decode, mixed batches and multi-token MTP verification,
+and it is exactly the reference's ``key_start``/``key_end`` contract (:func:`dsa_route.dsa.indexer_logits`). The
+indexer scores all visible rows (its 132-byte keys are gathered); sparse MLA reads only the ``index_topk`` selected
+latent rows, by slot.
 """
 
 from __future__ import annotations
