@@ -37,7 +37,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # bump when what a spec generates changes (2: the repeat-last recipe)
 MANIFEST_FILE = "dsa-route-tinydsa.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 TORCH_DTYPES = ("bfloat16", "float32")
@@ -107,8 +107,9 @@ class TinyDsaSpec:
         return DsaConfig.from_hf_config(hf)
 
     def cache_key(self, tokenizer_digest: str) -> str:
-        payload = json.dumps({"generator_version": GENERATOR_VERSION, "tokenizer": tokenizer_digest, **asdict(self)},
-                             sort_keys=True)
+        recipe = {"repeat_last_block_scale": REPEAT_LAST_BLOCK_SCALE} if self.weights == "repeat-last" else {}
+        payload = json.dumps({"generator_version": GENERATOR_VERSION, "tokenizer": tokenizer_digest, **asdict(self),
+                              **recipe}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -214,7 +215,9 @@ def repeat_last_(model, seed: int, block_scale: float = REPEAT_LAST_BLOCK_SCALE)
       ``rmsnorm(e_x) · e_t / √D`` — ≈ √D = 16 for t = x, ≈ N(0, 1) for the others;
     - every ``o_proj`` and ``down_proj`` (dense, experts, shared expert) is scaled by ``block_scale``: the blocks move
       the logits by up to ≈ 4 at 0.3 (measured on the parity prompts) against a top-1/top-2 gap ≥ 9, so greedy tokens
-      are the last token in fp32 and bf16 alike, and a broken attention still shows in the logprobs;
+      are the last token in fp32 and bf16 alike. The DSA path runs at full cost, but greedy tokens do not depend on
+      it: attention correctness is proved on the seeded random presets (``tests/test_vllm_cpu_dsa_serve.py``), not
+      with this checkpoint;
     - final, MTP ``enorm``/``hnorm``/``shared_head.norm`` weights 1; MTP ``eh_proj`` = [I | 0] keeps the token half
       (``enorm(embed(next token))``), so the draft is the token it was given — what the target predicts next — and
       every greedy draft is accepted (acceptance length 1 + k).

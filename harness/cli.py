@@ -26,7 +26,7 @@ class UsageError(ValueError):
 
 def _levels(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
 
@@ -299,9 +299,10 @@ class _OneLineErrors(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dsa-bench`` argument parser."""
-    parser = _OneLineErrors(prog="dsa-bench", description=__doc__.splitlines()[0])
+    parser = _OneLineErrors(prog="dsa-bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineErrors)
-    compare = sub.add_parser("compare", help="run baseline vs candidate on real vLLM and write a report")
+    compare = sub.add_parser(
+        "compare", allow_abbrev=False, help="run baseline vs candidate on real vLLM and write a report")
     _add_scenario_flags(compare)
     compare.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
     compare.add_argument("--continue-on-error", action="store_true", help="record a failed level and go on")
@@ -310,13 +311,16 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--base-url-baseline", metavar="URL", help="benchmark an already running baseline server")
     compare.add_argument("--base-url-candidate", metavar="URL", help="benchmark an already running candidate server")
     compare.set_defaults(func=cmd_compare)
-    plan = sub.add_parser("plan", help="print each arm's server/benchmark commands and environment; run nothing")
+    plan = sub.add_parser(
+        "plan", allow_abbrev=False, help="print each arm's server/benchmark commands and environment; run nothing")
     _add_scenario_flags(plan)
     plan.set_defaults(func=cmd_plan)
-    report = sub.add_parser("report", help="re-render report.html from a run directory")
+    report = sub.add_parser(
+        "report", allow_abbrev=False, help="re-render report.html from a run directory")
     report.add_argument("run_dir")
     report.set_defaults(func=cmd_report)
-    gate = sub.add_parser("gate", help="verdict of a run directory (exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID)")
+    gate = sub.add_parser(
+        "gate", allow_abbrev=False, help="verdict of a run directory (exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID)")
     gate.add_argument("run_dir")
     gate.add_argument("--policy", help="TOML file with the [gate] policy fields")
     gate.set_defaults(func=cmd_gate)

@@ -219,11 +219,12 @@ def build_plan(scenario: Scenario, machine: Machine) -> Plan:
                      f"only in what the platform allows: "
                      + "; ".join(f"{arm.name} = {arm.intended.get('compilation_mode')}" for arm in arms) + ".")
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
-    served_by_dsa_route = sorted({impl for arm in arms for arch, impl in arm.decision["implementation"].items()
-                                  if impl in cpu_classes and arch in arm.decision["architectures"]})
+    per_arm = [{impl for arch, impl in arm.decision["implementation"].items()
+                if impl in cpu_classes and arch in arm.decision["architectures"]} for arm in arms]
+    served_by_dsa_route = sorted(set.union(*per_arm)) if all(per_arm) else []
     if served_by_dsa_route:
         notes.append("Both arms serve the DSA model with dsa_route's CPU implementation "
                      f"({', '.join(served_by_dsa_route)}): vLLM's CPU build has no sparse-attention backend, so the PR's class choice (deepseek_v2 vs "
-                     "deepseek_v32) cannot be compared here. The baseline compiles that class (torch.compile around "
-                     "opaque attention and MoE ops); the candidate runs it eagerly.")
+                     "deepseek_v32) cannot be compared here. Under VLLM_COMPILE vLLM compiles that class around opaque "
+                     "attention and MoE ops; under NONE it runs eagerly.")
     return Plan(scenario=scenario, machine=machine, arms=tuple(arms), notes=tuple(notes))

@@ -95,3 +95,15 @@ def test_default_scenario_by_machine():
     assert default_scenario("cpu", None, None) == "cpu-tiny-dsa"
     assert default_scenario("cuda", 4, "nvfp4") == "glm-5.2-nvfp4-tp4"
     assert default_scenario("cuda", 8, "fp8") == "deepseek-v3.2-fp8-tp8"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--concurrency", "1,,2"], "'1,,2' is not a comma-separated list of integers"),
+    (["plan", "--out", "x"], "unrecognized arguments: --out x"),   # no prefix-matching onto --output-len
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_malformed_flags_are_one_line_usage_errors(capsys, argv, needle):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and needle in err and err.count("\n") == 1 and "--help)" in err

@@ -55,7 +55,9 @@ def test_baseline_is_compiled_and_candidate_is_not(run_dir):
 
 def test_parity_and_report(run_dir):
     parity = json.loads((run_dir / "parity.json").read_text())
-    assert parity["prompts_total"] == 16 and parity["exact_match_rate_pct"] == 100.0  # wide margins: no rounding flips
+    # Wide margins: compiled vs eager rounding cannot flip a token (the known-answer model's tokens do not depend on
+    # attention; its correctness is tests/test_vllm_cpu_dsa_serve.py's job).
+    assert parity["prompts_total"] == 16 and parity["exact_match_rate_pct"] == 100.0
     html = (run_dir / records.REPORT).read_text()
     assert "DeepseekV32ForCausalLM" in html and "acceptance length" in html.lower()
 
