@@ -158,8 +158,10 @@ def observe_from_log(text: str) -> dict[str, Any]:
                 if obs["dsa_route"] is None:
                     obs["dsa_route"] = fields
                 obs["dsa_route_processes"].append(str(fields.get("process", prefix.group("proc") if prefix else "?")))
+                # The decision, not ``env``: a child process inherits what the API server's plugin set (e.g.
+                # VLLM_MLA_DISABLE for DSA on CPU) and logs only what it set itself.
                 decisions.append(" ".join(f"{k}={fields.get(k)}" for k in (
-                    "route", "platform", "arch", "model_runner", "breakable_cudagraph", "compilation_mode", "env")))
+                    "route", "platform", "arch", "model_runner", "breakable_cudagraph", "compilation_mode", "impl")))
             continue
 
         engine = _ENGINE.search(body)

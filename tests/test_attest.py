@@ -128,3 +128,12 @@ def test_not_observed_lists_unseen_intended_fields():
 def test_observe_never_raises_on_odd_text():
     obs = observe_from_log("garbage\n(EngineCore pid=1) dsa_route:\n" + "x" * 10000 + "\nnon-default args: {broken")
     assert obs["model_runner"] is None and obs["dsa_route_lines"] == 1
+
+
+def test_consistency_compares_the_decision_not_what_each_process_set():
+    lines = log("cpu-baseline.log").splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("dsa_route:"))
+    inherited = lines[:first] + [lines[first].replace('env={', 'env={"VLLM_MLA_DISABLE":"1",')] + lines[first + 1:]
+    assert observe_from_log("\n".join(inherited))["dsa_route_consistent"] is True
+    rerouted = lines[:first] + [lines[first].replace("route=baseline", "route=candidate")] + lines[first + 1:]
+    assert observe_from_log("\n".join(rerouted))["dsa_route_consistent"] is False
