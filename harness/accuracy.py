@@ -355,18 +355,10 @@ def parse_results(path: Path, task: str) -> dict[str, dict[str, float | None]]:
     for key, value in scores.items():
         metric, _, filter_name = key.partition(",")
         if metric == "exact_match":
-            found.setdefault(filter_name, {})["lm_eval_accuracy"] = _float(value)
+            found.setdefault(filter_name, {})["lm_eval_accuracy"] = records.finite_float(value)
         elif metric == "exact_match_stderr":
-            found.setdefault(filter_name, {})["lm_eval_stderr"] = _float(value)
+            found.setdefault(filter_name, {})["lm_eval_stderr"] = records.finite_float(value)
     return found
-
-
-def _float(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def parse_samples(path: Path, arm: str) -> list[dict[str, Any]]:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -90,6 +91,16 @@ REPORT = "report.html"
 
 class RunDirError(Exception):
     """A run directory is missing, empty or holds unreadable files; the message names the file and the fix."""
+
+
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
+    values)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -7,7 +7,6 @@ failed attestation: every cell of the run); missing or unfit data never yields P
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -15,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from harness.policy import GatePolicy
+from harness.records import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
 
@@ -103,14 +103,6 @@ def _expected_output_len(arm: Mapping[str, Any] | None) -> int | None:
         return None
 
 
-def _num(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def achieved_concurrency(frame) -> float | None:
     """Time-averaged number of requests in flight over the level (Little's law): Σ E2EL / (last end − first start),
     from the per-request timeline (``start_s``, ``e2el_ms``). A client that keeps ``c`` requests in flight scores
@@ -147,8 +139,8 @@ def check_validity(manifest: Mapping[str, Any], levels, requests, policy: GatePo
     arms_manifest = manifest.get("arms") if isinstance(manifest.get("arms"), Mapping) else {}
     scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
     workload = scenario.get("workload") if isinstance(scenario.get("workload"), Mapping) else {}
-    planned_levels = {int(c) for c in workload.get("concurrency") or [] if _num(c)}
-    planned_repeats = int(workload["repeats"]) if _num(workload.get("repeats")) else None
+    planned_levels = {int(c) for c in workload.get("concurrency") or [] if finite_float(c)}
+    planned_repeats = int(workload["repeats"]) if finite_float(workload.get("repeats")) else None
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}
     for role, arm in report.arms.items():
@@ -213,7 +205,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
                   frame, expected_len: int | None, has_requested: bool) -> bool:
     """Checks on one done repeat; records failures and returns whether it passed them all."""
     before = len(report.failures)
-    completed, failed = _num(row.get("completed")) or 0.0, _num(row.get("failed")) or 0.0
+    completed, failed = finite_float(row.get("completed")) or 0.0, finite_float(row.get("failed")) or 0.0
     total = completed + failed
     if completed <= 0:
         report.fail(arm, level, repeat, "failed_requests", "no completed requests")
@@ -224,11 +216,11 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
         report.fail(arm, level, repeat, "too_few_requests",
                     f"{completed:.0f} requests at concurrency {level}: fewer than "
                     f"{policy.min_requests_per_concurrency:g}×{level}, ramp-up and drain dominate")
-    peak = _num(row.get("max_concurrent_requests"))
+    peak = finite_float(row.get("max_concurrent_requests"))
     if peak is not None and peak < policy.min_concurrency_fraction * level:
         report.fail(arm, level, repeat, "concurrency", f"vLLM's max_concurrent_requests {peak:.0f} far below "
                                                        f"the level {level}")
-    cpu = _num(row.get("client_cpu_util"))
+    cpu = finite_float(row.get("client_cpu_util"))
     if cpu is not None and cpu >= policy.max_client_cpu_util:
         report.fail(arm, level, repeat, "client_saturated",
                     f"benchmark client used {100 * cpu:.0f} % of a core (≥ {100 * policy.max_client_cpu_util:g} %): "

@@ -29,7 +29,8 @@ import numpy as np
 
 from harness import stats
 from harness.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
-from harness.validity import ValidityReport, _num, _succeeded, check_validity
+from harness.records import finite_float
+from harness.validity import ValidityReport, _succeeded, check_validity
 
 __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overall", "evaluate"]
 
@@ -298,18 +299,18 @@ def _which(cells: Sequence[CellResult]) -> str:
 
 def _spec_values(row) -> float | None:
     """Acceptance length of one repeat: 1 + accepted/drafts from the counters when present, else the column."""
-    drafts, accepted = _num(row.get("spec_drafts")), _num(row.get("spec_accepted_tokens"))
+    drafts, accepted = finite_float(row.get("spec_drafts")), finite_float(row.get("spec_accepted_tokens"))
     if drafts is not None and accepted is not None:
         return 1.0 + accepted / drafts if drafts > 0 else None
-    value = _num(row.get("acceptance_length"))
+    value = finite_float(row.get("acceptance_length"))
     return value if value is not None and value > 0 else None
 
 
 def _spec_rate(row) -> float | None:
-    draft_tokens, accepted = _num(row.get("spec_draft_tokens")), _num(row.get("spec_accepted_tokens"))
+    draft_tokens, accepted = finite_float(row.get("spec_draft_tokens")), finite_float(row.get("spec_accepted_tokens"))
     if draft_tokens is not None and accepted is not None:
         return accepted / draft_tokens if draft_tokens > 0 else None
-    return _num(row.get("acceptance_rate"))
+    return finite_float(row.get("acceptance_rate"))
 
 
 def build_cells(manifest: Mapping[str, Any], levels, requests, accuracy, policy: GatePolicy,
@@ -402,7 +403,7 @@ def _shown_value(spec: MetricSpec, arm: str, level: int, level_rows, request_gro
 def _cell_values(spec: MetricSpec, row, frame, levels) -> np.ndarray | str:
     """One repeat's values for a cell, or a reason string when they are missing."""
     if spec.source == "level":
-        value = _num(row.get(spec.column))
+        value = finite_float(row.get(spec.column))
         if value is None or value <= 0:
             return f"levels.csv {spec.column} is empty or not positive"
         return np.array([value])

@@ -129,6 +129,16 @@ class DsaCpuBackend(AttentionBackend):
 
 
 # ---- cache layers ---------------------------------------------------------------------------------------------------
+def register_layer(name: str, module: torch.nn.Module) -> None:
+    """Put ``module`` in vLLM's static forward context under ``name`` (what ``get_forward_context().attn_metadata`` /
+    ``no_compile_layers`` are keyed by; vLLM's own attention and FusedMoE layers do the same). Raises ValueError on a
+    duplicate name."""
+    context = get_current_vllm_config().compilation_config.static_forward_context
+    if name in context:
+        raise ValueError(f"Duplicate layer name: {name}")
+    context[name] = module
+
+
 class _DsaCache(torch.nn.Module, AttentionLayerBase):
     """A paged per-layer cache registered with vLLM under ``prefix``; ``kv_cache [num_blocks, bs, width]``."""
 
@@ -138,10 +148,7 @@ class _DsaCache(torch.nn.Module, AttentionLayerBase):
         self.prefix, self.width, self.dtype, self.role = prefix, width, dtype, role
         self.block_size = vllm_config.cache_config.block_size
         self.kv_cache = torch.tensor([])
-        context = vllm_config.compilation_config.static_forward_context
-        if prefix in context:
-            raise ValueError(f"Duplicate layer name: {prefix}")
-        context[prefix] = self
+        register_layer(prefix, self)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         self.kv_cache = kv_cache.squeeze(1)  # [B, H=1, N, C] -> [B, N, C]

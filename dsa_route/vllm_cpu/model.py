@@ -25,8 +25,8 @@ from vllm.config import VllmConfig
 from dsa_route.dsa import DsaConfig, DsaForCausalLM
 from dsa_route.dsa.moe import MoE
 
-from .attention import attach_caches, kv_cache_dtype_for
-from .ops import dsa_attention, dsa_moe, register_layer
+from .attention import attach_caches, kv_cache_dtype_for, register_layer
+from .ops import dsa_attention, dsa_moe
 
 # vLLM loads deepseek_v32 configs as transformers' DeepseekV3Config (model_type "deepseek_v3" inside the engine) and
 # renames a DSA draft's model_type to "deepseek_mtp" (config/speculative.py); the DSA fields are intact in both.

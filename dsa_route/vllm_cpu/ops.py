@@ -14,28 +14,18 @@ Why opaque ops (the pattern of vLLM's own CPU sparse attention, ``vllm/models/de
   tables stay in the graph and are what inductor compiles.
 
 Each op finds its module by layer name in ``get_forward_context().no_compile_layers`` (vLLM's
-``compilation_config.static_forward_context``), where :func:`register_layer` put it. Under ``CompilationMode.NONE``
-the same ops run eagerly, so both arms compute the layer with the same code.
+``compilation_config.static_forward_context``), where :func:`.attention.register_layer` put it. Under
+``CompilationMode.NONE`` the same ops run eagerly, so both arms compute the layer with the same code.
 """
 
 import torch
 from torch import nn
 
-from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.utils.torch_utils import (LayerNameType, _encode_layer_name, _resolve_layer_name,
                                     direct_register_custom_op)
 
 from .attention import paged_dsa_attention
-
-
-def register_layer(name: str, module: nn.Module) -> None:
-    """Put ``module`` in vLLM's static forward context under ``name`` (vLLM's FusedMoE does the same). Raises
-    ValueError on a duplicate name."""
-    context = get_current_vllm_config().compilation_config.static_forward_context
-    if name in context:
-        raise ValueError(f"Duplicate layer name: {name}")
-    context[name] = module
 
 
 def _layer(layer_name: LayerNameType) -> nn.Module:

@@ -13,7 +13,6 @@ parity and MTP sections are also read from the run directory when not passed (:f
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -154,14 +153,6 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def _float(value: Any) -> float | None:
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        return None
-    return result if math.isfinite(result) else None
 
 
 def _parse_time(text: Any) -> datetime | None:
@@ -307,7 +298,7 @@ def _request_facts(frame) -> tuple[int, int, str, list[tuple[str, int]]]:
     if not len(frame):
         return 0, 0, "—", []
     # The column is float (all NaN) when no request failed, so map cell by cell instead of fillna("").
-    errors = frame["error"].map(lambda v: "" if _float(v) is None and not isinstance(v, str) else str(v)).str.strip()
+    errors = frame["error"].map(lambda v: "" if records.finite_float(v) is None and not isinstance(v, str) else str(v)).str.strip()
     bad = errors != ""
     ok_lens = frame.loc[~bad, "output_len"].dropna()
     if len(ok_lens):
@@ -324,7 +315,7 @@ def _summary_of(frame, column: str) -> Summary:
     # A column the schema does not have (yet, or any more) reads as "not measured", never as an error.
     if not len(frame) or column not in frame.columns:
         return Summary(None, None, None, 0)
-    return summarize([_float(v) if _float(v) is not None else float("nan") for v in frame[column].tolist()])
+    return summarize([records.finite_float(v) if records.finite_float(v) is not None else float("nan") for v in frame[column].tolist()])
 
 
 def _achieved(reqs) -> Summary:
@@ -424,7 +415,7 @@ def build_arm(name: str, arm: Any) -> ArmView:
         server_command=command, server_env=env_items, reproduce=reproduce,
         bench_command=_argv(arm.get("bench_command")), path_rows=path_rows,
         attestation="valid" if valid is True else ("INVALID" if valid is False or mismatches else "unknown"),
-        mismatches=mismatches, server_start_s=_float(arm.get("server_start_s")),
+        mismatches=mismatches, server_start_s=records.finite_float(arm.get("server_start_s")),
         base_url=_show(arm.get("base_url") or ""),
     )
 
@@ -434,7 +425,7 @@ def _timing(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     timing = manifest.get("timing") or {}
     if not isinstance(timing, Mapping) or not timing:
         return []
-    wall = _float(timing.get("wall_s"))
+    wall = records.finite_float(timing.get("wall_s"))
     rows = []
     for key, label in (("wall_s", "Wall time"), ("server_start_s", "Server start (both arms)"),
                        ("benchmark_s", "Benchmark (measured load, incl. warmups)"),
@@ -442,13 +433,13 @@ def _timing(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
                        ("harness_overhead_s", "Harness overhead")):
         if key not in timing and key == "client_import_s":
             continue
-        value = _float(timing.get(key))
+        value = records.finite_float(timing.get(key))
         text = "—" if value is None else f"{value:,.1f} s"
         if value is not None and wall and key != "wall_s":
             text += f" ({value / wall * 100:.1f} % of wall)"
         rows.append((label, text))
-    share = _float(timing.get("harness_share"))
-    overhead = _float(timing.get("harness_overhead_s"))
+    share = records.finite_float(timing.get("harness_share"))
+    overhead = records.finite_float(timing.get("harness_overhead_s"))
     if share is None and overhead is not None and wall:
         share = overhead / wall
     rows.append(("Harness share", "—" if share is None else f"{share * 100:.1f} %"))
@@ -531,7 +522,7 @@ def _is_gpu_scenario(manifest: Mapping[str, Any]) -> bool:
 
 
 def _pct(value: Any) -> float | None:
-    number = _float(value)
+    number = records.finite_float(value)
     return None if number is None else 100.0 * number
 
 
@@ -583,9 +574,9 @@ def _pooled_mtp(frame) -> dict[str, Any]:
     """Acceptance over the repeats of one arm × level: counts summed, ratios recomputed from the sums
     (rate = Σaccepted / Σdraft tokens, length = 1 + Σaccepted / Σdrafts, per position weighted by drafts);
     without counts, the median of the stored ratios."""
-    drafts = [_float(v) for v in frame["spec_drafts"]] if "spec_drafts" in frame else []
-    tokens = [_float(v) for v in frame["spec_draft_tokens"]] if "spec_draft_tokens" in frame else []
-    accepted = [_float(v) for v in frame["spec_accepted_tokens"]] if "spec_accepted_tokens" in frame else []
+    drafts = [records.finite_float(v) for v in frame["spec_drafts"]] if "spec_drafts" in frame else []
+    tokens = [records.finite_float(v) for v in frame["spec_draft_tokens"]] if "spec_draft_tokens" in frame else []
+    accepted = [records.finite_float(v) for v in frame["spec_accepted_tokens"]] if "spec_accepted_tokens" in frame else []
     per_pos_cells = list(frame["acceptance_per_pos"]) if "acceptance_per_pos" in frame else [None] * len(frame)
     complete = [i for i in range(len(frame))
                 if drafts and tokens and accepted and None not in (drafts[i], tokens[i], accepted[i])]
@@ -603,8 +594,8 @@ def _pooled_mtp(frame) -> dict[str, Any]:
                 "acceptance_length": 1.0 + total_accepted / total_drafts,
                 "per_position": [100.0 * w / total_drafts for w in weighted],
                 "drafts": int(total_drafts), "draft_tokens": int(total_tokens), "accepted": int(total_accepted)}
-    rates = [_float(v) for v in frame["acceptance_rate"]] if "acceptance_rate" in frame else []
-    lengths = [_float(v) for v in frame["acceptance_length"]] if "acceptance_length" in frame else []
+    rates = [records.finite_float(v) for v in frame["acceptance_rate"]] if "acceptance_rate" in frame else []
+    lengths = [records.finite_float(v) for v in frame["acceptance_length"]] if "acceptance_length" in frame else []
     rate, length = summarize([r for r in rates if r is not None]), summarize([x for x in lengths if x is not None])
     return {"acceptance_rate_pct": None if rate.value is None else 100.0 * rate.value,
             "acceptance_length": length.value, "per_position": [],
@@ -614,11 +605,11 @@ def _pooled_mtp(frame) -> dict[str, Any]:
 
 def _per_pos(cell: Any) -> list[float]:
     """A ``levels.csv`` ``acceptance_per_pos`` cell (fractions joined by ``;``) as a list."""
-    if _float(cell) is not None:
+    if records.finite_float(cell) is not None:
         return [float(cell)]
     if not isinstance(cell, str) or not cell.strip():
         return []
-    values = [_float(part) for part in cell.split(";")]
+    values = [records.finite_float(part) for part in cell.split(";")]
     return [v for v in values if v is not None]
 
 
@@ -632,9 +623,9 @@ def mtp_section(levels, manifest: Mapping[str, Any]) -> dict[str, Any] | str | N
     present = [c for c in MTP_COLUMNS if c in levels.columns]
     if not len(levels) or "acceptance_rate" not in present:
         return None
-    has_value = levels["acceptance_rate"].map(lambda v: _float(v) is not None)
+    has_value = levels["acceptance_rate"].map(lambda v: records.finite_float(v) is not None)
     if "spec_drafts" in present:
-        has_value |= levels["spec_drafts"].map(lambda v: _float(v) is not None)
+        has_value |= levels["spec_drafts"].map(lambda v: records.finite_float(v) is not None)
     if not has_value.any():
         return None
     rows = []
@@ -645,7 +636,7 @@ def mtp_section(levels, manifest: Mapping[str, Any]) -> dict[str, Any] | str | N
                 rows.append({"concurrency": concurrency, "arm": arm, **_pooled_mtp(frame)})
     k = mtp.get("num_speculative_tokens") if mtp else None
     gpu = _is_gpu_scenario(manifest)
-    return {"rows": rows, "num_speculative_tokens": k, "plot": _acceptance_plot(rows, _float(k)),
+    return {"rows": rows, "num_speculative_tokens": k, "plot": _acceptance_plot(rows, records.finite_float(k)),
             "reference": MTP_REFERENCE if gpu else None, "reference_pct": MTP_REFERENCE_PCT if gpu else None}
 
 
@@ -664,7 +655,7 @@ def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict
     drawn = []
     for arm in ARMS:
         points = [(r["concurrency"], r["acceptance_length"]) for r in rows
-                  if r["arm"] == arm and _float(r.get("acceptance_length")) is not None]
+                  if r["arm"] == arm and records.finite_float(r.get("acceptance_length")) is not None]
         if points:
             axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=plots.ARM_COLORS[arm],
                       label=arm)
@@ -673,7 +664,7 @@ def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict
         return None
     plots._concurrency_axis(axes, sorted(set(drawn)))
     axes.set_ylabel("acceptance length (tokens per step)")
-    highest = max(float(r["acceptance_length"]) for r in rows if _float(r.get("acceptance_length")) is not None)
+    highest = max(float(r["acceptance_length"]) for r in rows if records.finite_float(r.get("acceptance_length")) is not None)
     axes.set_ylim(0.95, max(1.0 + k if k else 0.0, highest) + 0.05)
     axes.legend(loc="best")
     axes.set_title("MTP acceptance length vs concurrency (higher is better)")
