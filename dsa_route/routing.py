@@ -24,7 +24,7 @@ Shape of the API (other tools and tests depend on these names):
 - :func:`decide` → :class:`RouteDecision`
 - :func:`platform_limits` → ``{knob: why it is not available}``
 - :func:`serve_overrides` → :class:`ServeOverrides` ``(args, env, unavailable)`` for ``vllm serve``
-- :func:`expected_observation` → the path the server should report in its log (compared by ``harness.attest``)
+- :func:`expected_observation` → the path the server should report in its log (compared by ``harness.run.attest``)
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class RouteDecision:
 
     def summary(self) -> str:
         """One line, ``key=value`` separated by spaces, values without spaces (JSON for mappings); used by the
-        plugin's ``dsa_route:`` log line and parsed back by ``harness.attest``."""
+        plugin's ``dsa_route:`` log line and parsed back by ``harness.run.attest``."""
         parts = {
             "route": self.route,
             "platform": self.platform,
@@ -595,7 +595,7 @@ def expected_observation(
     """The path a vLLM 0.32 server running ``serve_overrides(decision, ...)`` should report in its log.
 
     Returns ``{"route", "model_runner", "compilation_mode", "cudagraph_mode", "breakable_cudagraph"}`` with vLLM's
-    own names, ready for ``harness.attest.compare_paths(expected, observed)``. On CPU ``VLLM_COMPILE`` is expected as
+    own names, ready for ``harness.run.attest.compare_paths(expected, observed)``. On CPU ``VLLM_COMPILE`` is expected as
     ``DYNAMO_TRACE_ONCE`` (vllm/platforms/cpu.py ``check_and_update_config`` rewrites it), CUDA graphs as ``NONE`` and
     the model runner as ``v1`` without Triton.
 

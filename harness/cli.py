@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.scenario import REPO_ROOT, ScenarioError, find_scenario, load_scenario
+from harness.run.scenario import REPO_ROOT, ScenarioError, find_scenario, load_scenario
 
 USAGE_ERROR = 2
 
@@ -85,8 +85,8 @@ def default_scenario(machine_name: str, tp: int | None, quant: str | None) -> st
 def _build_plan(args: argparse.Namespace, *, to_run: bool):
     """Scenario + overrides → plan. ``to_run``: refuse (PlanError) what this machine cannot run; otherwise plan for
     the scenario's platform and return the refusal as a note."""
-    from harness import machine
-    from harness.plan import PlanError, build_plan, check_machine, planning_machine
+    from harness.run import machine
+    from harness.run.plan import PlanError, build_plan, check_machine, planning_machine
 
     host = machine.detect()
     name = args.scenario or default_scenario(host.name, args.tp, args.quant)
@@ -142,10 +142,11 @@ def _base_urls(args: argparse.Namespace) -> dict[str, str] | None:
 
 def _resume_plan(args: argparse.Namespace):
     """The stored plan of ``--resume RUN_DIR``; refuse (UsageError) when the scenario or installed versions changed."""
-    from harness import machine, records
-    from harness.plan import build_plan, check_machine
-    from harness.records import read_manifest
-    from harness.scenario import scenario_from_dict
+    from harness.run import machine
+    from harness.rundir import store as records
+    from harness.run.plan import build_plan, check_machine
+    from harness.rundir.store import read_manifest
+    from harness.run.scenario import scenario_from_dict
 
     run_dir = Path(args.resume)
     manifest = read_manifest(run_dir)
@@ -199,10 +200,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from harness import procs
-    from harness.runner import Runner, RunOptions, new_run_dir
+    from harness.run import procs
+    from harness.run.runner import Runner, RunOptions, new_run_dir
 
-    from harness import accuracy
+    from harness.run import accuracy
 
     options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
     if args.resume:
@@ -246,7 +247,7 @@ def _conclude(run_dir: Path, console) -> int:
     from rich.markup import escape
 
     from harness.gate import exit_code, print_gate, run_gate
-    from harness.report import render_report
+    from harness.render import render_report
 
     code = 4
     try:
@@ -264,7 +265,7 @@ def _conclude(run_dir: Path, console) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Re-render ``report.html`` from a run directory's stored files."""
-    from harness.report import render_report
+    from harness.render import render_report
 
     print(render_report(Path(args.run_dir)))
     return 0
@@ -280,8 +281,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     result = run_gate(Path(args.run_dir), policy)
     print_gate(result, Console())
     if Path(args.run_dir, "report.html").exists():  # keep the report's verdict section in step with verdict.json
-        from harness.records import RunDirError
-        from harness.report import render_report
+        from harness.rundir.store import RunDirError
+        from harness.render import render_report
 
         try:
             render_report(Path(args.run_dir))
@@ -330,9 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dsa-bench`` console script. Returns the exit code."""
     from harness.gate import PolicyError
-    from harness.plan import PlanError
-    from harness.records import RunDirError
-    from harness.runner import RunError
+    from harness.run.plan import PlanError
+    from harness.rundir.store import RunDirError
+    from harness.run.runner import RunError
 
     args = build_parser().parse_args(argv)
     try:

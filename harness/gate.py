@@ -1,7 +1,7 @@
 """The CI gate: a run directory → verdict, ``verdict.json``, ``summary.md``, dashboard JSON, exit code.
 
-:func:`run_gate` reads the run directory through :mod:`harness.records` (and ``accuracy.csv``, issue 5), decides with
-:mod:`harness.verdict`, and writes, atomically:
+:func:`run_gate` reads the run directory through :mod:`harness.rundir.store` (and ``accuracy.csv``, issue 5), decides with
+:mod:`harness.judge.verdict`, and writes, atomically:
 
 - ``verdict.json`` — schema below (``schema_version`` 1);
 - ``summary.md`` — a PR-comment-sized markdown verdict (also appended to ``$GITHUB_STEP_SUMMARY`` when set);
@@ -44,10 +44,10 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from harness import records
-from harness.policy import METRICS, SEVERITY, GatePolicy, Status
-from harness.records import RunDirError
-from harness.verdict import Verdict, evaluate
+from harness.rundir import store as records
+from harness.judge.policy import METRICS, SEVERITY, GatePolicy, Status
+from harness.rundir.store import RunDirError
+from harness.judge.verdict import Verdict, evaluate
 
 __all__ = [
     "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "ACCURACY", "ACCURACY_COLUMNS", "EXIT_CODES",

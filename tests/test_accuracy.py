@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import accuracy, procs, records
-from harness.accuracy import AccuracyError, GsmData
+from harness.run import accuracy, procs
+
+from harness.rundir import store as records
+from harness.run.accuracy import AccuracyError, GsmData
 
 MINI = Path(__file__).parent / "fixtures" / "gsm8k_mini"
 MINI_TEST = [json.loads(line) for line in (MINI / "test.jsonl").read_text().splitlines()]
@@ -294,7 +296,7 @@ def test_paired_counts_discordant_pairs():
 def test_lm_eval_against_real_cpu_vllm(tmp_path):
     """lm-eval GSM8K (limit 2, 5-shot, the shared data) against a real cpu-tiny server with MTP: the run completes,
     every question has both filters, prompts fit, and the spec-decode counters move during the run."""
-    from harness import spec_decode
+    from harness.run import spec_decode
     from test_spec_decode import cpu_tiny_server
 
     data = accuracy.resolve_data_dir(None, None, hub_check=lambda: False)
@@ -326,8 +328,8 @@ def _fixture_run_dir(tmp_path: Path, platform: str = "any") -> Path:
 def test_report_shows_gsm8k_per_arm_and_the_paired_test(fake_run, tmp_path):
     import shutil
 
-    from harness.report.html import render_html
-    from harness.report.view import build_context
+    from harness.render.html import render_html
+    from harness.render.view import build_context
 
     source, _, _, _ = fake_run
     for platform, reference in (("any", False), ("cuda", True)):
@@ -345,8 +347,8 @@ def test_report_shows_gsm8k_per_arm_and_the_paired_test(fake_run, tmp_path):
 
 
 def test_report_says_why_gsm8k_was_skipped(tmp_path):
-    from harness.report.html import render_html
-    from harness.report.view import build_context
+    from harness.render.html import render_html
+    from harness.render.view import build_context
 
     run_dir = _fixture_run_dir(tmp_path)
     accuracy.record_skipped(run_dir, "GSM8K not run: no local data and the hub is not reachable")

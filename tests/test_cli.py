@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from harness import procs
+from harness.run import procs
 from harness.cli import _overrides, build_parser, default_scenario, main
 
 
@@ -50,7 +50,7 @@ def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
     (["--input-len", "999999"], "exceeds model.max_model_len"),
 ])
 def test_compare_refuses_bad_input_with_one_line_and_exit_2(capsys, tmp_path, flags, needle):
-    from harness import machine
+    from harness.run import machine
 
     if machine.detect().name == "cuda" and ("CUDA" in needle or "CPU" in needle):
         pytest.skip("this machine has CUDA")

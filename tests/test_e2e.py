@@ -10,15 +10,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import records
-from harness.accuracy import DEFAULT_DATA_DIR
+from harness.rundir import store as records
+from harness.run.accuracy import DEFAULT_DATA_DIR
 from fakes.support import tagged_processes
 
 REPO = Path(__file__).resolve().parent.parent
 DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
 
 pytestmark = pytest.mark.slow
-# GSM8K comes from ../shared/data/gsm8k (harness.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
+# GSM8K comes from ../shared/data/gsm8k (harness.run.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
 NEEDS_GSM8K = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "test.jsonl").is_file(),
                                  reason=f"no GSM8K data at {DEFAULT_DATA_DIR}")
 TAG = uuid.uuid4().hex

@@ -9,14 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import records
-from harness.accuracy import DEFAULT_DATA_DIR
+from harness.rundir import store as records
+from harness.run.accuracy import DEFAULT_DATA_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
 
 pytestmark = pytest.mark.slow
-# GSM8K comes from ../shared/data/gsm8k (harness.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
+# GSM8K comes from ../shared/data/gsm8k (harness.run.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
 NEEDS_GSM8K = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "test.jsonl").is_file(),
                                  reason=f"no GSM8K data at {DEFAULT_DATA_DIR}")
 
@@ -36,7 +36,7 @@ def test_both_arms_served_the_dsa_model_with_mtp(run_dir):
     levels = pd.read_csv(run_dir / records.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
     assert (levels["failed"] == 0).all() and (levels["completed"] == 8).all()
-    # The known-answer checkpoint (dsa_route.tinydsa.repeat_last_): every draft accepted, compiled or not.
+    # The known-answer checkpoint (dsa_route.tiny.v32.repeat_last_): every draft accepted, compiled or not.
     assert (levels["spec_drafts"] > 0).all()
     assert (levels["acceptance_rate"] == 1.0).all() and (levels["acceptance_length"] == 2.0).all()
     for arm in ("baseline", "candidate"):

@@ -2,7 +2,7 @@
 
 One test (or a group sharing one run) per fault case of the issue, numbered as there. Servers are the fake ``vllm``
 (``tests/fakes/fake_vllm.py`` through ``DSA_BENCH_VLLM``), which fails on cue; the benchmark client is vLLM's real
-one (``vllm bench serve`` in ``harness.loadgen``). After every run the test checks what the user sees (exit code,
+one (``vllm bench serve`` in ``harness.run.loadgen``). After every run the test checks what the user sees (exit code,
 message), what is on disk (manifest statuses, ``levels.csv`` rows, ``report``/``gate`` on the partial directory: gate
 INVALID, never PASS) and that nothing is left running: ``procs.live_children()`` for in-process runs, and for every
 run the fake servers' pid files plus any process carrying the test's environment tag (:mod:`fakes.support`).
@@ -27,8 +27,9 @@ import pytest
 
 from fakes.support import (DSA_BENCH, REPO, SCENARIO, FakeServer, clean_environ, fake_env, fake_pids, leftovers,
                            scenario_copy, wait_for)
-from harness import procs, records, runner
-from harness import server as server_mod
+from harness.run import procs, runner
+from harness.rundir import store as records
+from harness.run import server as server_mod
 from harness.cli import main
 
 SECRET = "sk-dsa-fault-test-0123456789abcdef"
@@ -324,8 +325,8 @@ def test_case5_out_of_memory_at_start_quotes_the_log(fake, tmp_path, monkeypatch
 def test_case6_lm_eval_server_disappears_mid_eval(tmp_path, monkeypatch):
     """GSM8K through real lm-eval against a fake server that answers two questions, then dies: the run stops with a
     message naming the arm and the log, lm-eval is stopped, and no accuracy rows of the arm are written.
-    (The runner does not call harness.accuracy yet; this drives ``run_gsm8k`` as the runner will.)"""
-    accuracy = pytest.importorskip("harness.accuracy")
+    (The runner does not call harness.run.accuracy yet; this drives ``run_gsm8k`` as the runner will.)"""
+    accuracy = pytest.importorskip("harness.run.accuracy")
     env = fake_env(tmp_path, mode="die_after", n="2", count="all")
     _isolate(monkeypatch, env)
     server = FakeServer(tmp_path, {**clean_environ(), **env})
@@ -432,7 +433,7 @@ def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_p
     (run_dir / records.MANIFEST).write_text(json.dumps(manifest))
     code, _, err = _cli("compare", "--resume", run_dir)
     now = manifest["versions"]["vllm"]
-    from harness import machine
+    from harness.run import machine
     assert code == 2 and _one_line_error(err) == (
         f"dsa-bench: error: cannot resume {run_dir}: installed versions changed (vllm {now} → "
         f"{machine.versions()['vllm']}); results would not be comparable — start a new run\n")
@@ -499,7 +500,7 @@ def test_case8_out_of_range_flags_are_one_line_exit_2(fake, tmp_path, flags, nee
 def test_case9_cuda_only_flags_on_a_machine_without_cuda(fake, tmp_path):
     """tests/test_cli.py covers --tp 4 and --quant nvfp4 one by one; together both are named, nothing starts, and
     `plan` still prints the commands with the refusal as a note."""
-    from harness import machine
+    from harness.run import machine
 
     if machine.detect().name == "cuda":
         pytest.skip("this machine has CUDA")

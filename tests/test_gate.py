@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from harness import gate
-from harness.policy import RECOMMENDED_REPEATS, GatePolicy, Status
-from harness.records import RunDirError
+from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.rundir.store import RunDirError
 
 _SPEC = importlib.util.spec_from_file_location(
     "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import records
-from harness.load import parse_bench_result, read_bench_json
+from harness.rundir import store as records
+from harness.run.load import parse_bench_result, read_bench_json
 
 FIXTURE = Path(__file__).parent / "fixtures" / "bench" / "vllm-bench-serve-c4.json"
 

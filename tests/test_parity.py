@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harness import parity
+from harness.run import parity
 
 
 def _row(index, ids, logprobs=None, tops=None, prompt=None):
@@ -176,8 +176,8 @@ def test_report_shows_parity_from_the_run_dir(tmp_path):
     import shutil
     from pathlib import Path
 
-    from harness.report.html import render_html
-    from harness.report.view import build_context
+    from harness.render.html import render_html
+    from harness.render.view import build_context
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).parent / "fixtures" / "run_dir", run_dir)

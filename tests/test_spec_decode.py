@@ -11,7 +11,9 @@ from typing import Iterator
 
 import pytest
 
-from harness import records, spec_decode
+from harness.rundir import store as records
+
+from harness.run import spec_decode
 
 # What vLLM 0.32's /metrics serves with --speculative-config '{"method":"mtp","num_speculative_tokens":2}'
 # (captured from a cpu-tiny server, trimmed; the _created gauges are part of the real output).
@@ -170,9 +172,9 @@ def cpu_tiny_server(tmp_path: Path, weights: str = "dummy", mtp: int = 1, max_mo
     Stopped (process group) on exit."""
     import os
 
-    from harness import machine, plan as plan_mod
-    from harness.scenario import load_scenario
-    from harness.server import VllmServer, free_port
+    from harness.run import machine, plan as plan_mod
+    from harness.run.scenario import load_scenario
+    from harness.run.server import VllmServer, free_port
 
     scenario = load_scenario("cpu-tiny", {"model.max_model_len": max_model_len,
                                           "serve.max_num_batched_tokens": max_model_len,
@@ -210,7 +212,7 @@ def test_dummy_weights_accept_almost_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_repeat_checkpoint_accepts_every_draft_and_the_arms_agree(tmp_path):
-    from harness import parity
+    from harness.run import parity
 
     with cpu_tiny_server(tmp_path, weights="repeat") as server:
         before = spec_decode.snapshot(server.base_url, server.headers)
@@ -261,8 +263,8 @@ def _run_dir_with_mtp(tmp_path: Path, k: int = 1, platform: str = "any") -> Path
 
 
 def test_report_reads_acceptance_from_levels_csv_and_plots_it(tmp_path):
-    from harness.report.html import render_html
-    from harness.report.view import build_context
+    from harness.render.html import render_html
+    from harness.render.view import build_context
 
     context = build_context(_run_dir_with_mtp(tmp_path))
     mtp = context["sections"]["mtp"]
@@ -275,8 +277,8 @@ def test_report_reads_acceptance_from_levels_csv_and_plots_it(tmp_path):
 
 
 def test_gpu_scenarios_show_the_upstream_acceptance_reference(tmp_path):
-    from harness.report.html import render_html
-    from harness.report.view import build_context
+    from harness.render.html import render_html
+    from harness.render.view import build_context
 
     html = render_html(build_context(_run_dir_with_mtp(tmp_path, platform="cuda")))
     assert "79.1 % MTP acceptance rate" in html
@@ -285,7 +287,7 @@ def test_gpu_scenarios_show_the_upstream_acceptance_reference(tmp_path):
 def test_repeats_are_pooled_by_counts_not_averaged_ratios():
     import pandas as pd
 
-    from harness.report.view import mtp_section
+    from harness.render.view import mtp_section
 
     frame = pd.DataFrame([
         {"arm": "candidate", "concurrency": 4, "spec_drafts": 100, "spec_draft_tokens": 200,

@@ -1,4 +1,4 @@
-"""harness.stats: the bootstrap, the margin tests, Holm, McNemar and the repeats rule, against hand-worked values."""
+"""harness.judge.stats: the bootstrap, the margin tests, Holm, McNemar and the repeats rule, against hand-worked values."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import stats
+from harness.judge import stats
 
 
 def _repeats(rng, values_per_repeat, repeats, scale=1.0, sd=0.05):

@@ -1,4 +1,4 @@
-"""Fast tests of harness.tinymodel: config geometry, tokenizer, cache behaviour. No vLLM server is started here."""
+"""Fast tests of dsa_route.tiny.v3: config geometry, tokenizer, cache behaviour. No vLLM server is started here."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import tinymodel
-from harness.tinymodel import TINY_MODELS, TinyModelSpec, ensure_tiny_model
+from dsa_route.tiny import v3 as tinymodel
+from dsa_route.tiny.v3 import TINY_MODELS, TinyModelSpec, ensure_tiny_model
 
 # 5-shot GSM8K prompts measured with this tokenizer reach ~2.9k tokens; lm-eval then generates up to 256.
 GSM8K_5SHOT_WORST_TOKENS = 2905 + 256

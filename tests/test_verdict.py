@@ -1,4 +1,4 @@
-"""harness.policy, .validity (an invalid cell is never PASS), .verdict (decisions), .simulation (issue 6's proof).
+"""harness.judge.policy, .validity (an invalid cell is never PASS), .verdict (decisions), .simulation (issue 6's proof).
 
 The simulations read the recorded pool in tests/fixtures/recorded/run (SYNTHETIC until a real recording replaces it;
 see that directory's README), primary metrics output throughput and mean TPOT at levels 1, 2, 4, 8 (8 cells), at
@@ -23,9 +23,9 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from harness import simulation, verdict
-from harness.policy import RECOMMENDED_REPEATS, GatePolicy, Status
-from harness.verdict import CellInput
+from harness.judge import simulation, verdict
+from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.judge.verdict import CellInput
 
 _SPEC = importlib.util.spec_from_file_location(
     "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dsa_route.routing import decide
-from dsa_route.tinydsa import TINY_DSA_MODELS, TinyDsaSpec, ensure_tiny_dsa_model
+from dsa_route.tiny.v32 import TINY_DSA_MODELS, TinyDsaSpec, ensure_tiny_dsa_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_IMPL = "dsa_route.vllm_cpu.model"
@@ -20,7 +20,7 @@ CPU_IMPL = "dsa_route.vllm_cpu.model"
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
-    from harness.tinymodel import ensure_tiny_model
+    from dsa_route.tiny.v3 import ensure_tiny_model
 
     return ensure_tiny_model("tiny-deepseek-v3", tmp_path_factory.mktemp("cache"))
 
@@ -51,7 +51,7 @@ def test_repeat_last_checkpoint_is_a_known_answer_with_live_blocks(tokenizer_dir
     """The cpu-tiny-dsa model: greedy tokens repeat the last token in bf16 and fp32, every MTP draft is accepted, and
     the blocks (attention, MLP, MoE) still move the logits."""
     from dsa_route.dsa import DsaForCausalLM
-    from dsa_route.tinydsa import repeat_last_
+    from dsa_route.tiny.v32 import repeat_last_
 
     path = ensure_tiny_dsa_model("tiny-deepseek-v32-repeat", tmp_path, tokenizer_dir=tokenizer_dir)
     prompt = torch.randint(0, 514, (1, 40), generator=torch.Generator().manual_seed(1))

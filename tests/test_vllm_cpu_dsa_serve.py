@@ -53,8 +53,8 @@ def _free_port() -> int:
 
 
 def _model_dir(name: str, tmp_root: Path) -> Path:
-    from harness.tinymodel import ensure_tiny_model
-    from dsa_route.tinydsa import ensure_tiny_dsa_model
+    from dsa_route.tiny.v3 import ensure_tiny_model
+    from dsa_route.tiny.v32 import ensure_tiny_dsa_model
 
     return ensure_tiny_dsa_model(name, tokenizer_dir=ensure_tiny_model("tiny-deepseek-v3"))
 

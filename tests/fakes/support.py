@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import requests
-from harness.server import free_port
+from harness.run.server import free_port
 
 TESTS = Path(__file__).resolve().parent.parent
 REPO = TESTS.parent

@@ -1,7 +1,7 @@
 """Cell validity: the checks that make a run's data unfit to compare, per arm and level (:func:`check_validity`).
 
-Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.records`);
-no files, processes or sockets. In :mod:`harness.verdict` a failed check makes the cells of that level INVALID (a
+Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.rundir.store`);
+no files, processes or sockets. In :mod:`harness.judge.verdict` a failed check makes the cells of that level INVALID (a
 failed attestation: every cell of the run); missing or unfit data never yields PASS.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from harness.policy import GatePolicy
-from harness.records import finite_float
+from harness.judge.policy import GatePolicy
+from harness.rundir.store import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
 

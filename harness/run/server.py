@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 import requests
 
-from harness import procs
+from harness.run import procs
 
 
 class ServerError(RuntimeError):

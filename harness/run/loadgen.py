@@ -1,4 +1,4 @@
-"""``python -m harness.loadgen``: one long-lived process that runs ``vllm bench serve`` level after level.
+"""``python -m harness.run.loadgen``: one long-lived process that runs ``vllm bench serve`` level after level.
 
 Each ``vllm bench serve`` process spends ~10 s importing vLLM; a sweep of 8 levels × 2 arms would pay that 16 times.
 This driver imports vLLM's benchmark module once and runs each level through the *same* code path as the CLI

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from harness.policy import GatePolicy
+from harness.judge.policy import GatePolicy
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
 
 # dsa-bench quantization names → vLLM `--quantization` values. Source: vllm/model_executor/layers/quantization/
@@ -55,7 +55,7 @@ class ModelSpec(_Frozen):
     """The model under test.
 
     ``id`` is a local path, a Hugging Face id, or ``generated:<name>`` for a model dsa-bench makes itself
-    (:func:`harness.tinymodel.ensure_tiny_model`). ``hf_config_path`` (relative to ``scenarios/``) ships the
+    (:func:`dsa_route.tiny.v3.ensure_tiny_model`). ``hf_config_path`` (relative to ``scenarios/``) ships the
     config.json for dummy-weight runs so no hub access is needed for the config.
     """
 

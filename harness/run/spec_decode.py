@@ -41,7 +41,7 @@ import math
 import time
 from typing import Any, Mapping
 
-from harness import records
+from harness.rundir import store as records
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -49,11 +49,11 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 LEVEL_COLUMNS: tuple[str, ...] = records.MTP_COLUMNS
-"""Columns this module adds to a ``levels.csv`` row (see :func:`level_fields`); defined in :mod:`harness.records`."""
+"""Columns this module adds to a ``levels.csv`` row (see :func:`level_fields`); defined in :mod:`harness.rundir.store`."""
 
 
 def parse_samples(samples: Mapping[str, float]) -> dict[str, Any]:
-    """The spec-decode counters in a :func:`harness.server.scrape_metrics` answer.
+    """The spec-decode counters in a :func:`harness.run.server.scrape_metrics` answer.
 
     Returns ``{"enabled": bool, "drafts", "draft_tokens", "accepted_tokens": float | None, "accepted_per_pos":
     {position: float}}``; ``enabled`` is False (and the counts None) when the server exports no spec-decode counter.
@@ -86,7 +86,7 @@ def snapshot(base_url: str, headers: Mapping[str, str] | None = None, *, settle_
     Raises:
         requests.RequestException: the server did not answer ``/metrics``.
     """
-    from harness.server import scrape_metrics
+    from harness.run.server import scrape_metrics
 
     current = parse_samples(scrape_metrics(base_url, headers, timeout_s))
     if settle_s <= 0:

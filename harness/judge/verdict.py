@@ -1,14 +1,14 @@
 """From a run's tables to a verdict: per-cell PASS/FAIL/INCONCLUSIVE/INVALID, overall.
 
 Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv``/``accuracy.csv`` frames (schema:
-:mod:`harness.records`); no files, processes or sockets. :mod:`harness.gate` does the reading and writing. The metrics,
-margins and policy are :mod:`harness.policy`'s (margins' origin there); the validity checks :mod:`harness.validity`'s.
+:mod:`harness.rundir.store`); no files, processes or sockets. :mod:`harness.gate` does the reading and writing. The metrics,
+margins and policy are :mod:`harness.judge.policy`'s (margins' origin there); the validity checks :mod:`harness.judge.validity`'s.
 
 A *cell* is one primary metric at one concurrency level (or GSM8K accuracy, which has no level). Per cell:
 
-- **INVALID** when a validity check fails for either arm (:func:`~harness.validity.check_validity`) or the data is
+- **INVALID** when a validity check fails for either arm (:func:`~harness.judge.validity.check_validity`) or the data is
   missing;
-- otherwise the candidate/baseline ratio (accuracy: difference) with its paired interval (:mod:`harness.stats`) is
+- otherwise the candidate/baseline ratio (accuracy: difference) with its paired interval (:mod:`harness.judge.stats`) is
   tested against the metric's margin, Holm-corrected across all primary cells (Holm 1979), one family for PASS
   claims and one for FAIL claims, each at family-wise level ``alpha``:
   **PASS** (non-inferior: the interval excludes a loss larger than the margin), **FAIL** (the interval lies entirely
@@ -27,10 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness import stats
-from harness.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
-from harness.records import finite_float
-from harness.validity import ValidityReport, _succeeded, check_validity
+from harness.judge import stats
+from harness.judge.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
+from harness.rundir.store import finite_float
+from harness.judge.validity import ValidityReport, _succeeded, check_validity
 
 __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overall", "evaluate"]
 
@@ -202,7 +202,7 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
 
     Primary cells with an estimate form the Holm families (PASS claims, FAIL claims; ``m`` = their number);
     non-primary cells get an unadjusted two-sided 95 % interval and no status. Each interval is shown at the
-    two-sided confidence ``1 − 2a``, ``a`` being the level Holm tested the cell at (:func:`harness.stats.holm_test`),
+    two-sided confidence ``1 − 2a``, ``a`` being the level Holm tested the cell at (:func:`harness.judge.stats.holm_test`),
     so a PASS cell's interval clears the margin and an INCONCLUSIVE one's touches it.
 
     Args:

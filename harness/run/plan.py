@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsa_route import routing
-from harness.machine import Machine
-from harness.scenario import Scenario, resolve_path
+from harness.run.machine import Machine
+from harness.run.scenario import Scenario, resolve_path
 
 BENCH_PERCENTILES = "50,99"
 
@@ -145,8 +145,8 @@ def _model_location(scenario: Scenario) -> tuple[str, str]:
     """(model path or id, tokenizer path or id); a ``generated:<name>`` model is made on first use."""
     model = scenario.model
     if model.id.startswith("generated:"):
-        from dsa_route.tinydsa import TINY_DSA_MODELS, ensure_tiny_dsa_model
-        from harness.tinymodel import ensure_tiny_model
+        from dsa_route.tiny.v32 import TINY_DSA_MODELS, ensure_tiny_dsa_model
+        from dsa_route.tiny.v3 import ensure_tiny_model
 
         name = model.id.split(":", 1)[1]
         if name in TINY_DSA_MODELS:  # seeded safetensors + the tiny DeepSeek-V3 tokenizer

@@ -26,7 +26,7 @@ A run directory ``results/<run-id>/`` holds:
         server_command [str], server_env {str: str},
         bench_command [str],           # `vllm bench serve ...` argv for one level ({concurrency}, {num_prompts} filled)
         intended {model_runner, compilation_mode, cudagraph_mode, breakable_cudagraph},
-        observed {...},                # harness.attest.observe_from_log() of the server log
+        observed {...},                # harness.run.attest.observe_from_log() of the server log
         attestation {valid: bool, mismatches [str]},
         server_start_s,                # seconds from spawn to the first successful completion
         base_url,

@@ -19,11 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import requests
 
-from harness import accuracy, attest, machine as machine_mod, parity, procs, records, spec_decode
-from harness.load import LevelError, LoadClient, parse_bench_result, read_bench_json
-from harness.plan import ArmPlan, Plan, level_filename, level_key
-from harness.scenario import REPO_ROOT
-from harness.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
+from harness.run import accuracy, attest, machine as machine_mod, parity, procs, spec_decode
+
+from harness.rundir import store as records
+from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
+from harness.run.plan import ArmPlan, Plan, level_filename, level_key
+from harness.run.scenario import REPO_ROOT
+from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
 
 # Never written to the run directory or logs: any variable whose name contains one of these.

@@ -1,8 +1,8 @@
 """Load generation with vLLM's own benchmark client, and the only module that knows vLLM's bench result JSON.
 
-:class:`LoadClient` drives one long-lived ``python -m harness.loadgen`` child (vLLM imported once per run);
+:class:`LoadClient` drives one long-lived ``python -m harness.run.loadgen`` child (vLLM imported once per run);
 :func:`parse_bench_result` turns a ``vllm bench serve --save-result --save-detailed`` JSON into one ``levels.csv``
-row and ``requests.csv`` rows (schema: :mod:`harness.records`).
+row and ``requests.csv`` rows (schema: :mod:`harness.rundir.store`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from harness import procs
+from harness.run import procs
 
 
 class LevelError(RuntimeError):
@@ -24,7 +24,7 @@ class LevelError(RuntimeError):
 
 
 class LoadClient:
-    """A ``harness.loadgen`` child process that runs ``vllm bench serve`` argv lists in-process.
+    """A ``harness.run.loadgen`` child process that runs ``vllm bench serve`` argv lists in-process.
 
     Args:
         env: environment of the client process.
@@ -40,7 +40,7 @@ class LoadClient:
     def _ensure_started(self, timeout_s: float = 300.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             return
-        self.proc = procs.spawn([sys.executable, "-m", "harness.loadgen"], self.env, self.log_path,
+        self.proc = procs.spawn([sys.executable, "-m", "harness.run.loadgen"], self.env, self.log_path,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         reply = self._read_reply(timeout_s, "benchmark client start")
         self.import_s += float(reply.get("import_s", 0.0))

@@ -11,7 +11,7 @@ loads too — the same safetensors in both, so greedy tokens can be compared::
         generation_config.json   bos/eos ids only
         tokenizer.json, tokenizer_config.json, chat_template.jinja
                                  copied from ``tokenizer_dir`` (the caller passes the tiny DeepSeek-V3 model's directory:
-                                 ``harness.tinymodel.ensure_tiny_model()``; dsa_route never imports the harness)
+                                 ``dsa_route.tiny.v3.ensure_tiny_model()``; dsa_route never imports the harness)
         dsa-route-tinydsa.json   what generated this directory (spec, generator version, hash)
 
 ``<cache>`` is ``$DSA_BENCH_CACHE`` or ``~/.cache/dsa-bench`` (the harness's cache rule); ``<hash>`` covers the spec,
@@ -143,7 +143,7 @@ def ensure_tiny_dsa_model(name: str = "tiny-deepseek-v32", cache_dir: Path | Non
             given (then it only labels the directory).
         cache_dir: cache root (default :func:`default_cache_dir`).
         tokenizer_dir: a directory holding ``tokenizer.json`` (+ config, chat template); its vocabulary size must equal
-            ``spec.vocab_size``. The harness passes ``harness.tinymodel.ensure_tiny_model("tiny-deepseek-v3")``.
+            ``spec.vocab_size``. The harness passes ``dsa_route.tiny.v3.ensure_tiny_model("tiny-deepseek-v3")``.
         spec: explicit parameters.
 
     Returns:
@@ -222,7 +222,7 @@ def repeat_last_(model, seed: int, block_scale: float = REPEAT_LAST_BLOCK_SCALE)
       (``enorm(embed(next token))``), so the draft is the token it was given — what the target predicts next — and
       every greedy draft is accepted (acceptance length 1 + k).
 
-    Same recipe as ``harness.tinymodel.repeat_last_weights`` for DeepSeek-V3 (issue 5), with the blocks kept alive.
+    Same recipe as ``dsa_route.tiny.v3.repeat_last_weights`` for DeepSeek-V3 (issue 5), with the blocks kept alive.
     """
     import torch
 

@@ -1,6 +1,6 @@
 """Report figures: matplotlib (Agg canvas, no pyplot global state) rendered to base64 PNG ``data:`` URIs.
 
-Each function takes the level views from :mod:`harness.report.view` and returns a :class:`Plot`, or ``None`` when no
+Each function takes the level views from :mod:`harness.render.view` and returns a :class:`Plot`, or ``None`` when no
 level has data for it. Medians across repeats are plotted; when a level has more than one repeat the min–max spread
 is drawn as error bars. No text from the run (model names, notes) is drawn into a figure.
 """
@@ -16,8 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from harness.report.metrics_table import ARMS, METRIC_BY_COLUMN, Summary
-from harness.report.view import LevelView
+from harness.render.metrics_table import ARMS, METRIC_BY_COLUMN, Summary
+from harness.render.view import LevelView
 
 ARM_COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
 DELTA_METRICS = ("output_throughput", "mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms")

@@ -1,8 +1,8 @@
 """The gate's vocabulary and policy: verdict statuses, the gateable metrics with their default margins, and the
 ``[gate]`` policy (:class:`GatePolicy`).
 
-Pure: data and validation only; no files, processes or sockets. :mod:`harness.scenario` embeds :class:`GatePolicy`;
-:mod:`harness.validity`, :mod:`harness.verdict` and :mod:`harness.simulation` read it.
+Pure: data and validation only; no files, processes or sockets. :mod:`harness.run.scenario` embeds :class:`GatePolicy`;
+:mod:`harness.judge.validity`, :mod:`harness.judge.verdict` and :mod:`harness.judge.simulation` read it.
 
 Margins' origin: the defaults are issue 6's (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
 −2 %). For scale: one arm's standard error on the full 1319-question GSM8K

@@ -1,10 +1,10 @@
 """Verdict rates by simulation: experiments resampled from recorded repeats of one path (the A/A split of issue 6's
-proof), with an optional injected effect, decided by :mod:`harness.verdict` and counted (:func:`simulate_gate`).
+proof), with an optional injected effect, decided by :mod:`harness.judge.verdict` and counted (:func:`simulate_gate`).
 
-The power figures and :data:`~harness.policy.RECOMMENDED_REPEATS` come from these simulations on the recorded fixture
+The power figures and :data:`~harness.judge.policy.RECOMMENDED_REPEATS` come from these simulations on the recorded fixture
 (``tests/test_verdict.py``, ``tests/fixtures/recorded``).
 
-Pure: functions of the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.records`); no files, processes or
+Pure: functions of the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.rundir.store`); no files, processes or
 sockets.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.policy import METRICS, GatePolicy, Status
-from harness.validity import _succeeded
-from harness.verdict import CellInput, decide, overall
+from harness.judge.policy import METRICS, GatePolicy, Status
+from harness.judge.validity import _succeeded
+from harness.judge.verdict import CellInput, decide, overall
 
 __all__ = ["RepeatPool", "repeat_pool", "SimulationResult", "simulate_gate"]
 

@@ -13,7 +13,7 @@ matched positions (natural log, nats). At a divergence it gives each arm's top-1
 divergence a **near-tie** when, in both arms, the two competing tokens are the arm's top two and their logprobs are
 within ``near_tie_tol`` nats: then the arms differ by which side of a tie rounding fell, not by what they compute.
 Dummy weights make every logit equal (top-1 logprob = −ln V), so every divergence there is a near-tie; use the
-known-answer checkpoint (:mod:`harness.tinymodel` preset ``tiny-deepseek-v3-repeat``) for a parity check that means something.
+known-answer checkpoint (:mod:`dsa_route.tiny.v3` preset ``tiny-deepseek-v3-repeat``) for a parity check that means something.
 
 Run-dir files: ``parity/<arm>.json`` (what :func:`collect` returned, plus the request settings) and ``parity.json``
 (the :func:`compare` result; the report's ``parity`` section reads it).
@@ -27,7 +27,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from harness import records
+from harness.rundir import store as records
 
 PARITY_DIR = "parity"
 PARITY_FILE = "parity.json"

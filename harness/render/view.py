@@ -1,6 +1,6 @@
 """Turn a run directory into the plain data the report template shows (the "view model").
 
-Reads only through :mod:`harness.records` (manifest, ``levels.csv``, ``requests.csv``) and the file listing of ``raw/``
+Reads only through :mod:`harness.rundir.store` (manifest, ``levels.csv``, ``requests.csv``) and the file listing of ``raw/``
 and ``logs/``; writes nothing. Every field tolerates a partial run: a manifest key, an arm, a level or a CSV that is
 missing yields "not run"/"—" in the page instead of an exception.
 
@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import records
-from harness.validity import achieved_concurrency
-from harness.report.metrics_table import (
+from harness.rundir import store as records
+from harness.judge.validity import achieved_concurrency
+from harness.render.metrics_table import (
     ARMS,
     BASELINE,
     CANDIDATE,
@@ -333,7 +333,7 @@ def _achieved(reqs) -> Summary:
 def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelView]:
     """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
 
-    ``levels``/``requests`` are the frames from :func:`harness.records.read_table`.
+    ``levels``/``requests`` are the frames from :func:`harness.rundir.store.read_table`.
     """
     arms_manifest = manifest.get("arms") or {}
     statuses = {
@@ -493,11 +493,11 @@ def _files(run_dir: Path) -> list[tuple[str, int]]:
 
 
 # ----------------------------------------------------------------------------------------------- issue-5 sections
-PARITY_FILE = "parity.json"                    # written by harness.parity.save_comparison
-ACCURACY_SUMMARY = "accuracy/summary.json"     # written by harness.accuracy.summarize / record_skipped
+PARITY_FILE = "parity.json"                    # written by harness.run.parity.save_comparison
+ACCURACY_SUMMARY = "accuracy/summary.json"     # written by harness.run.accuracy.summarize / record_skipped
 MTP_COLUMNS: tuple[str, ...] = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
                                 "acceptance_length", "acceptance_per_pos")
-"""``levels.csv`` columns of MTP acceptance (harness.spec_decode.LEVEL_COLUMNS); optional."""
+"""``levels.csv`` columns of MTP acceptance (harness.run.spec_decode.LEVEL_COLUMNS); optional."""
 
 GSM8K_REFERENCE_PCT = 94.768
 GSM8K_REFERENCE = f"{GSM8K_REFERENCE_PCT} % GSM8K exact_match on GLM-5.2 NVFP4 (upstream figure)"
@@ -527,7 +527,7 @@ def _pct(value: Any) -> float | None:
 
 
 def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
-    """The ``gsm8k`` section from ``accuracy/summary.json`` (see harness.accuracy.summarize): per arm and filter
+    """The ``gsm8k`` section from ``accuracy/summary.json`` (see harness.run.accuracy.summarize): per arm and filter
     accuracy ± stderr in %, the paired rows, why an arm is missing, and the upstream reference on GPU scenarios.
     A skipped run gives its reason (a string: "not measured: <reason>")."""
     if not isinstance(summary, Mapping):
@@ -566,7 +566,7 @@ def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
 
 
 def parity_section(result: Any) -> dict[str, Any] | None:
-    """The ``parity`` section from ``parity.json`` (harness.parity.compare's result, already in the report's shape)."""
+    """The ``parity`` section from ``parity.json`` (harness.run.parity.compare's result, already in the report's shape)."""
     return dict(result) if isinstance(result, Mapping) else None
 
 
@@ -646,10 +646,10 @@ def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict
     The y axis spans 1 (no draft accepted) to 1 + ``k`` (every draft accepted) when ``k``, the speculative tokens per
     draft, is known.
 
-    Drawn here rather than in :mod:`harness.report.plots` because it needs only the MTP rows (plots imports this
+    Drawn here rather than in :mod:`harness.render.plots` because it needs only the MTP rows (plots imports this
     module, hence the import inside the function).
     """
-    from harness.report import plots
+    from harness.render import plots
 
     figure, axes = plots._figure()
     drawn = []

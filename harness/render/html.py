@@ -14,10 +14,10 @@ from typing import Any, Mapping
 
 import jinja2
 
-from harness import records
-from harness.report import plots
-from harness.report.metrics_table import DELTA_FORMULA, METRIC_BY_COLUMN, Summary, fmt_delta, fmt_value
-from harness.report.view import build_context
+from harness.rundir import store as records
+from harness.render import plots
+from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_COLUMN, Summary, fmt_delta, fmt_value
+from harness.render.view import build_context
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -79,9 +79,9 @@ def _verdict_intervals(verdict: Any) -> dict[tuple[str, int], tuple[float, float
 
 
 def render_html(context: Mapping[str, Any]) -> str:
-    """Render the report page from a context built by :func:`harness.report.view.build_context`.
+    """Render the report page from a context built by :func:`harness.render.view.build_context`.
 
-    Adds the figures (see :mod:`harness.report.plots`). Returns the HTML text.
+    Adds the figures (see :mod:`harness.render.plots`). Returns the HTML text.
 
     Raises:
         jinja2.TemplateError: the template is missing or refers to a name the context lacks (a bug, not bad data).
@@ -108,10 +108,10 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
 
     Works on partial run directories (one arm, failed or missing levels, no CSVs yet). The file is written atomically
     (temp file + ``os.replace``). ``sections`` optionally fills the verdict/GSM8K/parity/MTP sections; see
-    :func:`harness.report.view.build_context` for their shapes.
+    :func:`harness.render.view.build_context` for their shapes.
 
     Raises:
-        harness.records.RunDirError: ``run_dir`` is not a run directory, or its manifest/CSVs are unreadable.
+        harness.rundir.store.RunDirError: ``run_dir`` is not a run directory, or its manifest/CSVs are unreadable.
         OSError: ``run_dir`` is not writable.
     """
     run_dir = Path(run_dir)

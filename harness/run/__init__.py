@@ -1,0 +1,1 @@
+"""Running a comparison: scenario → plan → servers → load, parity, GSM8K → a run directory on disk."""
