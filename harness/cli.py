@@ -143,19 +143,18 @@ def _base_urls(args: argparse.Namespace) -> dict[str, str] | None:
 def _resume_plan(args: argparse.Namespace):
     """The stored plan of ``--resume RUN_DIR``; refuse (UsageError) when the scenario or installed versions changed."""
     from harness.run import machine
-    from harness.rundir import store as records
     from harness.run.plan import build_plan, check_machine
-    from harness.rundir.store import read_manifest
     from harness.run.scenario import scenario_from_dict
+    from harness.rundir import store
 
     run_dir = Path(args.resume)
-    manifest = read_manifest(run_dir)
-    stored = scenario_from_dict(manifest["scenario"], f"{run_dir}/manifest.json")
+    manifest = store.RunDir(run_dir).manifest()
+    stored = scenario_from_dict(manifest.scenario, f"{run_dir}/manifest.json")
     overrides = _overrides(args)
     if args.scenario:
         wanted = load_scenario(args.scenario, overrides).effective()
     elif overrides:  # flags on top of the stored scenario (its file may be anywhere, not a name in scenarios/)
-        data = json.loads(json.dumps(manifest["scenario"]))
+        data = json.loads(json.dumps(manifest.scenario))
         for dotted, value in overrides.items():
             *parents, leaf = dotted.split(".")
             node = data
@@ -169,14 +168,14 @@ def _resume_plan(args: argparse.Namespace):
         if changed:
             raise UsageError(f"cannot resume {run_dir}: the scenario changed ({', '.join(changed[:5])}); "
                              f"resume with the same scenario or start a new run")
-    now, then = machine.versions(), manifest.get("versions", {})
+    now, then = machine.versions(), manifest.versions
     changed = [f"{k} {then.get(k)} → {now.get(k)}" for k in ("vllm", "torch", "dsa_bench", "lm_eval", "python")
                if then.get(k) != now.get(k)]
     if changed:
         raise UsageError(f"cannot resume {run_dir}: installed versions changed ({'; '.join(changed)}); "
                          f"results would not be comparable — start a new run")
     try:  # resume rewrites the manifest and CSVs: refuse a read-only run dir before any server starts
-        records.atomic_write_text(run_dir / ".write-test", "ok")
+        store.atomic_write_text(run_dir / ".write-test", "ok")
         (run_dir / ".write-test").unlink()
     except OSError as error:
         raise UsageError(f"cannot write to {run_dir} ({error.strerror or error}); resume needs a writable run "

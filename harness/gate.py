@@ -1,6 +1,6 @@
 """The CI gate: a run directory → verdict, ``verdict.json``, ``summary.md``, dashboard JSON, exit code.
 
-:func:`run_gate` reads the run directory through :mod:`harness.rundir.store` (and ``accuracy.csv``, issue 5), decides with
+:func:`run_gate` reads the run directory through :class:`harness.rundir.store.RunDir`, decides with
 :mod:`harness.judge.verdict`, and writes, atomically:
 
 - ``verdict.json`` — schema below (``schema_version`` 1);
@@ -8,9 +8,9 @@
 - ``benchmark.pytorch.json`` — per arm and level figures in the PyTorch OSS benchmark format that vLLM's dashboard
   reads (the records of ``vllm/benchmarks/lib/utils.py:convert_to_pytorch_benchmark_format``, vLLM 0.32).
 
-It never passes on missing or unreadable data: an unreadable ``levels.csv``/``requests.csv``/``accuracy.csv`` gives
-INVALID (with the file and the fix); only a missing run directory or manifest raises :class:`RunDirError` (the CLI's
-usage error, exit 2). Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
+It never passes on missing or unreadable data: an unreadable ``levels.csv``/``requests.csv``/``accuracy.csv``, or a
+``manifest.json`` that breaks the schema, gives INVALID (with the file and the fix); only a missing run directory or a
+manifest that is not a JSON object of a readable version raises :class:`RunDirError` (the CLI's usage error, exit 2). Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
 
 ``verdict.json``::
 
@@ -44,27 +44,21 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from harness.rundir import store as records
 from harness.judge.policy import METRICS, SEVERITY, GatePolicy, Status
-from harness.rundir.store import RunDirError
 from harness.judge.verdict import Verdict, evaluate
+from harness.rundir import schema
+from harness.rundir.schema import PYTORCH_JSON, SUMMARY, VERDICT, Manifest
+from harness.rundir.store import RunDir, RunDirError, SchemaError, json_text
 
 __all__ = [
-    "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "ACCURACY", "ACCURACY_COLUMNS", "EXIT_CODES",
+    "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "EXIT_CODES",
     "PolicyError", "GateResult", "exit_code", "load_policy", "run_gate", "render_summary", "pytorch_records",
     "print_gate", "gate_main",
 ]
 
 VERDICT_SCHEMA_VERSION = 1
-VERDICT = "verdict.json"
-SUMMARY = "summary.md"
-PYTORCH_JSON = "benchmark.pytorch.json"
-ACCURACY = "accuracy.csv"
-ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct", "extracted")
 EXIT_CODES: dict[Status, int] = {Status.PASS: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 3, Status.INVALID: 4}
 
-_LEVEL_CORE = ("arm", "concurrency", "repeat", "completed", "failed")
-_REQUEST_CORE = ("arm", "concurrency", "repeat", "output_len", "ttft_ms", "tpot_ms", "e2el_ms", "start_s", "error")
 _ICON = {Status.PASS: "✅", Status.FAIL: "❌", Status.INCONCLUSIVE: "⚠️", Status.INVALID: "🚫"}
 _STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.INCONCLUSIVE: "yellow", Status.INVALID: "magenta"}
 _MAX_LIST = 15
@@ -85,7 +79,7 @@ class GateResult:
     run_dir: Path
     status: Status
     reason: str
-    manifest: dict[str, Any]
+    manifest: Manifest | None                   # None: manifest.json breaks the schema (the reason says where)
     policy: GatePolicy
     policy_source: str
     verdict: Verdict | None = None
@@ -97,6 +91,10 @@ class GateResult:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.status]
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id if self.manifest is not None and self.manifest.run_id else self.run_dir.name
 
 
 def exit_code(verdict: GateResult | Status | str) -> int:
@@ -137,49 +135,17 @@ def _validate_policy(fields: Mapping[str, Any], source: str) -> GatePolicy:
         raise PolicyError(f"{source}: gate.{where}: {first.get('msg')}") from error
 
 
-def _policy_from_manifest(manifest: Mapping[str, Any]) -> tuple[GatePolicy, str]:
-    scenario = manifest.get("scenario")
-    gate = scenario.get("gate") if isinstance(scenario, Mapping) else None
+def _policy_from_manifest(manifest: Manifest | None) -> tuple[GatePolicy, str]:
+    gate = manifest.scenario_value("gate") if manifest is not None else None
     if isinstance(gate, Mapping):
         return _validate_policy(gate, "manifest.json scenario"), "manifest"
     return GatePolicy(), "default"
 
 
-def _read_accuracy(run_dir: Path):
-    import pandas as pd
-
-    path = run_dir / ACCURACY
-    if not path.exists():
-        return None
-    try:
-        frame = pd.read_csv(path, dtype={"question_id": str}, keep_default_na=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise RunDirError(f"{path}: unreadable CSV ({error}); re-run GSM8K for both arms") from error
-    missing = [c for c in ACCURACY_COLUMNS if c not in frame.columns and c != "extracted"]
-    if missing:
-        raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
-    return frame
-
-
-def _read_tables(run_dir: Path, policy: GatePolicy):
+def _read_tables(store: RunDir, policy: GatePolicy):
     """levels, requests and accuracy frames with numeric keys; RunDirError names the broken file."""
-    import pandas as pd
-
-    level_columns = _LEVEL_CORE + tuple(METRICS[n].column for n in policy.primary if METRICS[n].source == "level")
-    levels = records.read_table(run_dir, records.LEVELS, level_columns)
-    requests = records.read_table(run_dir, records.REQUESTS, _REQUEST_CORE)
-    for name, frame, keys in ((records.LEVELS, levels, ("concurrency", "repeat", "completed", "failed")),
-                              (records.REQUESTS, requests, ("concurrency", "repeat"))):
-        numeric = keys + tuple(c for c in frame.columns if c not in keys and c not in ("arm", "error"))
-        try:
-            for column in numeric:              # empty cells stay NaN (e.g. no TPOT for a failed request); text fails
-                frame[column] = pd.to_numeric(frame[column], errors="raise")
-            frame["arm"] = frame["arm"].astype(str)
-        except (ValueError, TypeError) as error:
-            raise RunDirError(f"{run_dir / name}: non-numeric {column} ({error}); the file is corrupted") from error
-        if frame[list(keys)].isna().any().any():
-            raise RunDirError(f"{run_dir / name}: empty {', '.join(keys)} cells; the file is corrupted")
-    return levels, requests, _read_accuracy(run_dir)
+    metric_columns = tuple(METRICS[n].column for n in policy.primary if METRICS[n].source == "level")
+    return store.levels(required=metric_columns, numeric=True), store.requests(numeric=True), store.accuracy()
 
 
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:
@@ -194,21 +160,26 @@ def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = T
         PolicyError: the manifest's ``scenario.gate`` is not a valid policy.
     """
     run_dir = Path(run_dir)
-    manifest = records.read_manifest(run_dir)
-    if not isinstance(manifest, dict):
-        raise RunDirError(f"{run_dir / records.MANIFEST}: not a JSON object; the file is corrupted")
+    store = RunDir(run_dir)
+    manifest, broken = None, None
+    try:
+        manifest = store.manifest()
+    except SchemaError as error:
+        broken = error
     source = "argument"
     if policy is None:
         policy, source = _policy_from_manifest(manifest)
     result = GateResult(run_dir, Status.INVALID, "", manifest, policy, source)
+    levels = None
     try:
-        levels, requests, accuracy = _read_tables(run_dir, policy)
+        if broken is not None:
+            raise broken
+        levels, requests, accuracy = _read_tables(store, policy)
     except RunDirError as error:
         result.reason = f"unreadable data: {error}"
-        levels = None
     if levels is not None:
         try:
-            result.verdict = evaluate(manifest, levels, requests, accuracy, policy)
+            result.verdict = evaluate(result.manifest, levels, requests, accuracy, policy)
             result.status, result.reason = result.verdict.status, result.verdict.reason
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             # Data the checks did not anticipate: never a PASS, and say what broke.
@@ -224,14 +195,12 @@ def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = T
 def _write_outputs(result: GateResult, levels) -> None:
     outputs: list[tuple[Path, Any]] = [(result.run_dir / VERDICT, result.document),
                                        (result.run_dir / SUMMARY, result.summary)]
-    if levels is not None:
+    if levels is not None and result.manifest is not None:
         outputs.append((result.run_dir / PYTORCH_JSON, pytorch_records(result.manifest, levels, result)))
+    store = RunDir(result.run_dir)
     for path, content in outputs:
         try:
-            if isinstance(content, str):
-                records.atomic_write_text(path, content)
-            else:
-                records.atomic_write_text(path, _json_dumps(content))
+            store.write_text(path.name, content if isinstance(content, str) else json_text(content))
             result.written.append(path)
         except OSError as error:
             result.write_errors.append(f"{path}: {error.strerror or error}")
@@ -242,25 +211,6 @@ def _write_outputs(result: GateResult, levels) -> None:
                 handle.write(result.summary + "\n")
         except OSError as error:
             result.write_errors.append(f"$GITHUB_STEP_SUMMARY {step_summary}: {error.strerror or error}")
-
-
-def _clean(value: Any) -> Any:
-    """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, str):      # numpy scalars
-        return _clean(value.item())
-    return value
-
-
-def _json_dumps(data: Any) -> str:
-    import json
-
-    return json.dumps(_clean(data), indent=2, ensure_ascii=False, allow_nan=False, default=str) + "\n"
 
 
 def verdict_document(result: GateResult) -> dict[str, Any]:
@@ -283,9 +233,9 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
             }
     return {
         "schema_version": VERDICT_SCHEMA_VERSION, "kind": "dsa-bench.verdict",
-        "run_id": result.manifest.get("run_id") or result.run_dir.name, "run_dir": str(result.run_dir),
+        "run_id": result.run_id, "run_dir": str(result.run_dir),
         "created_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "run_status": result.manifest.get("status"),
+        "run_status": result.manifest.status if result.manifest is not None else None,
         "overall": str(result.status), "exit_code": result.exit_code, "reason": result.reason,
         "policy": result.policy.describe(), "policy_source": result.policy_source,
         "policy_fields": result.policy.model_dump(mode="json"),
@@ -324,19 +274,6 @@ def _status_text(status: Status | None) -> str:
     return "" if status is None else f"{_ICON[status]} {status}"
 
 
-def _model_name(manifest: Mapping[str, Any]) -> str:
-    arms = manifest.get("arms") if isinstance(manifest.get("arms"), Mapping) else {}
-    for arm in arms.values():
-        argv = arm.get("bench_command") if isinstance(arm, Mapping) else None
-        if isinstance(argv, list) and "--model" in argv and argv.index("--model") + 1 < len(argv):
-            return str(argv[argv.index("--model") + 1])
-    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
-    model = scenario.get("model")
-    if isinstance(model, Mapping):
-        return str(model.get("id") or model.get("path") or model.get("name") or "unknown")
-    return str(model or "unknown")
-
-
 def _cell_map(verdict: Verdict) -> dict[tuple[str, int | None], Any]:
     found: dict[tuple[str, int | None], Any] = {}
     for cell in verdict.cells:                                      # primary first: it wins over a diagnostic twin
@@ -350,12 +287,11 @@ def render_summary(result: GateResult) -> str:
     GitHub's 65,536-character comment limit."""
     status, verdict, manifest = result.status, result.verdict, result.manifest
     names = verdict.validity.arms if verdict else {"baseline": "baseline", "candidate": "candidate"}
-    platform = manifest.get("platform") if isinstance(manifest.get("platform"), Mapping) else {}
     lines = [f"### {_ICON[status]} dsa-bench gate: **{status}**", ""]
-    head = (f"`{names['candidate']}` vs `{names['baseline']}` · run `{manifest.get('run_id') or result.run_dir.name}`"
-            f" · model `{_model_name(manifest)}`")
-    if platform.get("device"):
-        head += f" · {platform.get('name', '')} ({platform['device']})"
+    head = (f"`{names['candidate']}` vs `{names['baseline']}` · run `{result.run_id}`"
+            f" · model `{manifest.model_name() if manifest is not None else 'unknown'}`")
+    if manifest is not None and manifest.platform.device:
+        head += f" · {manifest.platform.name} ({manifest.platform.device})"
     lines += [head, "", f"> {result.reason}", ""]
     if verdict is None:
         lines += ["No figures: the run's data could not be read. Fix or re-run it (`dsa-bench compare --resume "
@@ -445,7 +381,7 @@ _DASHBOARD_METRICS = ("output_throughput", "total_token_throughput", "request_th
                       "p99_itl_ms", "mean_e2el_ms", "acceptance_length", "acceptance_rate")
 
 
-def pytorch_records(manifest: Mapping[str, Any], levels, result: GateResult | None = None) -> list[dict[str, Any]]:
+def pytorch_records(manifest: Manifest, levels, result: GateResult | None = None) -> list[dict[str, Any]]:
     """Per arm × level × metric records in the PyTorch OSS benchmark format, as vLLM writes them.
 
     Same record shape as ``convert_to_pytorch_benchmark_format`` (vLLM 0.32, ``benchmarks/lib/utils.py``):
@@ -457,27 +393,25 @@ def pytorch_records(manifest: Mapping[str, Any], levels, result: GateResult | No
     """
     import pandas as pd
 
-    model = _model_name(manifest)
-    arms = manifest.get("arms") if isinstance(manifest.get("arms"), Mapping) else {}
-    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
-    serve = scenario.get("serve") if isinstance(scenario.get("serve"), Mapping) else {}
+    model = manifest.model_name()
+    tensor_parallel_size = manifest.scenario_value("serve", "tensor_parallel_size") or 1
     cells = _cell_map(result.verdict) if result is not None and result.verdict is not None else {}
     out = []
     for (arm, level), frame in levels.groupby(["arm", "concurrency"]):
-        arm_data = arms.get(arm) if isinstance(arms.get(arm), Mapping) else {}
-        intended = arm_data.get("intended") if isinstance(arm_data.get("intended"), Mapping) else {}
-        mode = intended.get("compilation_mode")
-        args = {"model": model, "max_concurrency": int(level), "arm": arm, "route": arm_data.get("route"),
+        record = manifest.arm(str(arm))
+        route = record.route if record is not None else None
+        mode = record.intended.get("compilation_mode") if record is not None else None
+        args = {"model": model, "max_concurrency": int(level), "arm": arm, "route": route,
                 "num_prompts": int(frame["completed"].max() + frame["failed"].max()),
-                "tensor_parallel_size": serve.get("tensor_parallel_size", 1), "dataset_name": "random",
-                "run_id": manifest.get("run_id")}
+                "tensor_parallel_size": tensor_parallel_size, "dataset_name": "random",
+                "run_id": manifest.run_id}
         for metric in _DASHBOARD_METRICS:
             if metric not in frame.columns:
                 continue
             values = pd.to_numeric(frame[metric], errors="coerce").dropna()
             if values.empty:
                 continue
-            extra = {"arm": arm, "route": arm_data.get("route"), "concurrency": int(level),
+            extra = {"arm": arm, "route": route, "concurrency": int(level),
                      "repeat_values": [float(v) for v in values], "repeats": int(values.size)}
             cell = cells.get((metric, int(level)))
             if cell is not None and cell.delta is not None:
@@ -505,7 +439,7 @@ def print_gate(result: GateResult, console=None) -> None:
     console = console or Console()
     verdict = result.verdict
     if verdict is not None:
-        table = Table(title=f"dsa-bench gate · {escape(str(result.manifest.get('run_id') or result.run_dir.name))}",
+        table = Table(title=f"dsa-bench gate · {escape(result.run_id)}",
                       title_justify="left")
         for name, justify in (("metric", "left"), ("c", "right"), ("baseline", "right"), ("candidate", "right"),
                               ("Δ", "right"), ("interval", "right"), ("margin", "right"), ("verdict", "left")):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run.accuracy import DEFAULT_DATA_DIR
 from fakes.support import tagged_processes
@@ -37,19 +38,19 @@ def run_dir(tmp_path_factory):
 
 
 def test_run_dir_has_both_arms_with_throughput(run_dir):
-    levels = pd.read_csv(run_dir / records.LEVELS)
+    levels = pd.read_csv(run_dir / schema.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
-    assert sorted(levels["concurrency"].unique()) == [1, 4] and sorted(levels["repeat"].unique()) == [0, 1]
+    assert sorted(levels["concurrency"].unique()) == [1, 4] and sorted(levels["round"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
     assert (levels["completed"] == 8).all()
-    requests = pd.read_csv(run_dir / records.REQUESTS)
+    requests = pd.read_csv(run_dir / schema.REQUESTS)
     assert len(requests) == 8 * 8 and requests["tpot_ms"].notna().all()
-    assert len(list((run_dir / records.RAW_DIR).glob("*.json"))) == 8
+    assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 8
 
 
 def test_mtp_acceptance_is_the_known_answer(run_dir):
     """cpu-tiny serves the repeat-last checkpoint: every draft is accepted (acceptance length 1 + 1 = 2)."""
-    levels = pd.read_csv(run_dir / records.LEVELS)
+    levels = pd.read_csv(run_dir / schema.LEVELS)
     assert (levels["spec_drafts"] > 0).all()
     assert (levels["acceptance_rate"] == 1.0).all() and (levels["acceptance_length"] == 2.0).all()
 
@@ -67,20 +68,21 @@ def test_gsm8k_and_parity_ran_on_both_arms(run_dir):
 
 
 def test_manifest_records_commands_versions_and_the_paths(run_dir):
-    manifest = json.loads((run_dir / records.MANIFEST).read_text())
+    manifest = json.loads((run_dir / schema.MANIFEST).read_text())
     assert manifest["status"] == "done" and manifest["versions"]["vllm"]
-    base, cand = manifest["arms"]["baseline"], manifest["arms"]["candidate"]
+    arms = {arm["name"]: arm for arm in manifest["arms"]}
+    base, cand = arms["baseline"], arms["candidate"]
     assert base["server_command"] != cand["server_command"]
     assert all(level["status"] == "done" for arm in (base, cand) for level in arm["levels"].values())
     assert base["attestation"]["valid"] and cand["attestation"]["valid"]
     assert base["observed"] and cand["observed"]
     timing = manifest["timing"]
     assert 0 <= timing["harness_overhead_s"] < timing["wall_s"]
-    assert (run_dir / records.LOGS_DIR / "baseline-server.log").stat().st_size > 0
+    assert (run_dir / schema.LOGS_DIR / "baseline-server.log").stat().st_size > 0
 
 
 def test_report_and_verdict_render(run_dir):
-    html = (run_dir / records.REPORT).read_text()
+    html = (run_dir / schema.REPORT).read_text()
     assert "<table" in html and "data:image/png;base64," in html
     assert "baseline" in html and "candidate" in html
     assert ("McNemar" in html) == (DEFAULT_DATA_DIR / "test.jsonl").is_file()  # GSM8K's paired test, when it ran

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run.accuracy import DEFAULT_DATA_DIR
 
@@ -33,21 +34,22 @@ def run_dir(tmp_path_factory):
 
 
 def test_both_arms_served_the_dsa_model_with_mtp(run_dir):
-    levels = pd.read_csv(run_dir / records.LEVELS)
+    levels = pd.read_csv(run_dir / schema.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
     assert (levels["failed"] == 0).all() and (levels["completed"] == 8).all()
     # The known-answer checkpoint (dsa_route.tiny.v32.repeat_last_): every draft accepted, compiled or not.
     assert (levels["spec_drafts"] > 0).all()
     assert (levels["acceptance_rate"] == 1.0).all() and (levels["acceptance_length"] == 2.0).all()
     for arm in ("baseline", "candidate"):
-        log = (run_dir / records.LOGS_DIR / f"{arm}-server.log").read_text()
+        log = (run_dir / schema.LOGS_DIR / f"{arm}-server.log").read_text()
         assert "dsa_route.vllm_cpu.model:DsaCpuForCausalLM" in log
         assert "Sparse Attention is not supported on CPU" not in log
 
 
 def test_baseline_is_compiled_and_candidate_is_not(run_dir):
-    manifest = json.loads((run_dir / records.MANIFEST).read_text())
-    base, cand = manifest["arms"]["baseline"], manifest["arms"]["candidate"]
+    manifest = json.loads((run_dir / schema.MANIFEST).read_text())
+    arms = {arm["name"]: arm for arm in manifest["arms"]}
+    base, cand = arms["baseline"], arms["candidate"]
     assert base["attestation"]["valid"] and cand["attestation"]["valid"]
     assert base["observed"]["compilation_mode"] == "DYNAMO_TRACE_ONCE" and base["observed"]["compiled"] is True
     assert cand["observed"]["compilation_mode"] == "NONE" and not cand["observed"]["compiled"]
@@ -58,7 +60,7 @@ def test_parity_and_report(run_dir):
     # Wide margins: compiled vs eager rounding cannot flip a token (the known-answer model's tokens do not depend on
     # attention; its correctness is tests/test_vllm_cpu_dsa_serve.py's job).
     assert parity["prompts_total"] == 16 and parity["exact_match_rate_pct"] == 100.0
-    html = (run_dir / records.REPORT).read_text()
+    html = (run_dir / schema.REPORT).read_text()
     assert "DeepseekV32ForCausalLM" in html and "acceptance length" in html.lower()
 
 

@@ -28,6 +28,7 @@ import pytest
 from fakes.support import (DSA_BENCH, REPO, SCENARIO, FakeServer, clean_environ, fake_env, fake_pids, leftovers,
                            scenario_copy, wait_for)
 from harness.run import procs, runner
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run import server as server_mod
 from harness.cli import main
@@ -77,7 +78,9 @@ def _run_dir(out: Path) -> Path:
 
 
 def _manifest(run_dir: Path) -> dict:
-    return json.loads((run_dir / records.MANIFEST).read_text(encoding="utf-8"))
+    """manifest.json with its arms list keyed by arm name."""
+    data = json.loads((run_dir / schema.MANIFEST).read_text(encoding="utf-8"))
+    return {**data, "arms": {arm["name"]: arm for arm in data["arms"]}}
 
 
 def _statuses(run_dir: Path) -> dict[str, dict[str, str]]:
@@ -86,10 +89,10 @@ def _statuses(run_dir: Path) -> dict[str, dict[str, str]]:
 
 
 def _level_rows(run_dir: Path) -> set[tuple[str, int, int]]:
-    if not (run_dir / records.LEVELS).exists():
+    if not (run_dir / schema.LEVELS).exists():
         return set()
-    frame = pd.read_csv(run_dir / records.LEVELS)
-    rows = list(zip(frame["arm"], frame["concurrency"], frame["repeat"]))
+    frame = pd.read_csv(run_dir / schema.LEVELS)
+    rows = list(zip(frame["arm"], frame["concurrency"], frame["round"]))
     assert len(rows) == len(set(rows)), f"duplicate levels.csv rows: {rows}"
     return {(str(a), int(c), int(r)) for a, c, r in rows}
 
@@ -100,7 +103,7 @@ def _partial_dir_still_works(run_dir: Path) -> None:
     assert code == 4 and "INVALID" in out
     assert json.loads((run_dir / "verdict.json").read_text())["overall"] == "INVALID"
     code, out, _ = _cli("report", run_dir)
-    assert code == 0 and (run_dir / records.REPORT).stat().st_size > 0
+    assert code == 0 and (run_dir / schema.REPORT).stat().st_size > 0
 
 
 def _compare(tmp_path: Path, *extra) -> tuple[int, str, Path]:
@@ -197,11 +200,11 @@ def test_case3_server_dies_mid_level(sweep):
     # the baseline's finished level is intact; nothing of the dead candidate's level was appended
     assert statuses["baseline"]["c2-r0"] == "done"
     assert _level_rows(run_dir) == {("baseline", 2, 0)}
-    requests = pd.read_csv(run_dir / records.REQUESTS)
+    requests = pd.read_csv(run_dir / schema.REQUESTS)
     assert set(requests["arm"]) == {"baseline"} and len(requests) == 8
     assert _manifest(run_dir)["status"] == "failed"
     assert json.loads((run_dir / "verdict.json").read_text())["overall"] == "INVALID"   # written by compare itself
-    assert (run_dir / records.REPORT).exists()
+    assert (run_dir / schema.REPORT).exists()
     assert sweep["live"] == [] and leftovers(sweep["env"]) == []
 
 
@@ -219,7 +222,7 @@ def test_case11_corrupted_benchmark_json_fails_that_level_and_the_sweep_goes_on(
 def test_case11_corrupted_levels_csv_gate_invalid_report_and_resume_name_the_file(sweep, tmp_path):
     run_dir = Path(shutil.copytree(sweep["run_dir"], tmp_path / "copy"))
     _partial_dir_still_works(run_dir)
-    (run_dir / records.LEVELS).write_text('arm,concurrency\n"unterminated\n', encoding="utf-8")
+    (run_dir / schema.LEVELS).write_text('arm,concurrency\n"unterminated\n', encoding="utf-8")
     code, out, err = _cli("gate", run_dir)
     assert code == 4 and "INVALID" in out and "levels.csv" in out
     assert err.startswith(f"dsa-bench: report.html not updated: {run_dir}/levels.csv: unreadable CSV")
@@ -398,7 +401,7 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
                                      "c2-r0": "skipped: run stopped before this level"}
     assert _level_rows(run_dir) == {("baseline", 1, 0), ("baseline", 2, 0)}
     assert json.loads((run_dir / "verdict.json").read_text())["overall"] == "INVALID"
-    assert (run_dir / records.REPORT).exists()
+    assert (run_dir / schema.REPORT).exists()
 
     code, _, err = _finish(_spawn_cli(["compare", "--resume", run_dir], base), 300)
     assert code == 0, err[-3000:]
@@ -409,16 +412,22 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
     assert all(status == "done" for arm in statuses.values() for status in arm.values()), statuses
     assert manifest["arms"]["candidate"]["levels"]["c1-r0"]["previous"] == "failed: interrupted during this level"
     assert "previous" not in manifest["arms"]["baseline"]["levels"]["c1-r0"]   # done levels were not re-run
+    arms = manifest["arms"]   # the resumed arm ran in a second server session; the finished one kept its first
+    assert [s["index"] for s in arms["candidate"]["sessions"]] == [0, 1] and len(arms["baseline"]["sessions"]) == 1
+    assert arms["candidate"]["levels"]["c1-r0"]["session"] == 1 and arms["baseline"]["levels"]["c1-r0"]["session"] == 0
+    frame = pd.read_csv(run_dir / schema.LEVELS)
+    assert dict(zip(frame["arm"] + frame["concurrency"].astype(str), frame["session"])) == {
+        "baseline1": 0, "baseline2": 0, "candidate1": 1, "candidate2": 1}
     assert _level_rows(run_dir) == {(arm, c, 0) for arm in ("baseline", "candidate") for c in (1, 2)}
-    assert len(pd.read_csv(run_dir / records.REQUESTS)) == 8
-    assert (run_dir / records.REPORT).exists() and (run_dir / "verdict.json").exists()
+    assert len(pd.read_csv(run_dir / schema.REQUESTS)) == 8
+    assert (run_dir / schema.REPORT).exists() and (run_dir / "verdict.json").exists()
 
 
 def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_VLLM_MODE", "exit_before_ready")
     _, _, run_dir = _compare(tmp_path)
     started = set(fake_pids(tmp_path / "pids"))
-    before = (run_dir / records.MANIFEST).read_text()
+    before = (run_dir / schema.MANIFEST).read_text()
 
     changed = scenario_copy(tmp_path, output_len="output_len = 9")
     code, _, err = _cli("compare", "--resume", run_dir, "--scenario", changed)
@@ -430,7 +439,7 @@ def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_p
 
     manifest = json.loads(before)
     manifest["versions"]["vllm"] = "0.0.1"
-    (run_dir / records.MANIFEST).write_text(json.dumps(manifest))
+    (run_dir / schema.MANIFEST).write_text(json.dumps(manifest))
     code, _, err = _cli("compare", "--resume", run_dir)
     now = manifest["versions"]["vllm"]
     from harness.run import machine
@@ -438,7 +447,7 @@ def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_p
         f"dsa-bench: error: cannot resume {run_dir}: installed versions changed (vllm {now} → "
         f"{machine.versions()['vllm']}); results would not be comparable — start a new run\n")
     assert set(fake_pids(tmp_path / "pids")) == started    # nothing was started by a refused resume
-    assert json.loads((run_dir / records.MANIFEST).read_text()) == manifest
+    assert json.loads((run_dir / schema.MANIFEST).read_text()) == manifest
 
 
 def test_sigterm_stops_the_run_and_every_child(tmp_path):
@@ -524,15 +533,15 @@ def test_case10_empty_or_broken_run_dir_for_report_gate_and_resume(tmp_path):
         assert code == 2 and needle in _one_line_error(err)
     zero = tmp_path / "zero"
     zero.mkdir()
-    (zero / records.MANIFEST).write_text("")
+    (zero / schema.MANIFEST).write_text("")
     for command in ("report", "gate"):
         code, _, err = _cli(command, zero)
         assert code == 2 and f"{zero}/manifest.json: not valid JSON" in _one_line_error(err)
-    (zero / records.MANIFEST).write_text("[]")
+    (zero / schema.MANIFEST).write_text("[]")
     for command in ("report", "gate"):
         code, _, err = _cli(command, zero)
         assert code == 2 and "manifest.json: not a JSON object; the file is corrupted" in _one_line_error(err)
-    assert not (zero / records.REPORT).exists() and not (zero / "verdict.json").exists()
+    assert not (zero / schema.REPORT).exists() and not (zero / "verdict.json").exists()
 
 
 # ----------------------------------------------------------------------------------------------- 12. read-only
@@ -562,7 +571,7 @@ def test_case12_resume_into_a_read_only_run_dir_before_any_server(fake, tmp_path
     monkeypatch.setenv("FAKE_VLLM_MODE", "exit_before_ready")
     _, _, run_dir = _compare(tmp_path)
     started = set(fake_pids(tmp_path / "pids"))
-    (run_dir / records.LEVELS).write_text(records.rows_to_csv([], records.LEVEL_COLUMNS))
+    (run_dir / schema.LEVELS).write_text(records.rows_to_csv([], schema.LEVEL_COLUMNS))
     _read_only(monkeypatch, run_dir)
     code, _, err = _cli("compare", "--resume", run_dir)
     assert code == 2 and f"cannot write to {run_dir} (Read-only file system)" in _one_line_error(err)

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from harness import gate
 from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.rundir import store
 from harness.rundir.store import RunDirError
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -186,8 +187,8 @@ def test_partial_run_is_invalid_never_pass(tmp_path):
     """Issue 7: a run interrupted before the candidate's last level: the missing cells make it INVALID."""
     manifest, levels, requests = aa.aa_run(RECOMMENDED_REPEATS)
     manifest["status"] = "interrupted"
-    for key in [k for k in manifest["arms"]["candidate"]["levels"] if k.startswith("c8-")]:
-        del manifest["arms"]["candidate"]["levels"][key]
+    for key in [k for k in aa.arm(manifest, "candidate")["levels"] if k.startswith("c8-")]:
+        del aa.arm(manifest, "candidate")["levels"][key]
     keep = ~((levels["arm"] == "candidate") & (levels["concurrency"] == 8))
     keep_requests = ~((requests["arm"] == "candidate") & (requests["concurrency"] == 8))
     run_dir = aa.write_run(tmp_path / "partial", manifest, levels[keep], requests[keep_requests])
@@ -201,7 +202,7 @@ def test_partial_run_is_invalid_never_pass(tmp_path):
 def test_run_with_no_levels_yet_is_invalid(tmp_path):
     manifest, _, _ = aa.aa_run(2)
     manifest["status"] = "running"
-    for arm in manifest["arms"].values():
+    for arm in manifest["arms"]:
         arm["levels"] = {}
     manifest["scenario"]["workload"].pop("concurrency")
     run_dir = tmp_path / "empty"
@@ -238,7 +239,7 @@ def test_unwritable_run_dir_still_gives_a_verdict(tmp_path, monkeypatch):
     def refuse(path, text):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(gate.records, "atomic_write_text", refuse)
+    monkeypatch.setattr(store, "atomic_write_text", refuse)
     result = gate.run_gate(run_dir, PERF)
     assert result.status == Status.PASS and len(result.write_errors) == 3 and not result.written
     console = Console(record=True, width=200)

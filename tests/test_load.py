@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run.load import parse_bench_result, read_bench_json
 
@@ -18,7 +19,7 @@ def bench():
 
 def test_level_row_carries_vllms_aggregates(bench):
     level, _ = parse_bench_result(bench, "baseline", 4, 0)
-    assert set(records.LEVEL_COLUMNS) - records.OPTIONAL_COLUMNS <= set(level)
+    assert set(schema.REQUIRED_LEVEL_COLUMNS) | {"session", "output_throughput", "mean_tpot_ms"} <= set(level)
     assert level["completed"] == bench["completed"] and level["output_throughput"] == bench["output_throughput"]
     assert level["mean_tpot_ms"] == pytest.approx(bench["mean_tpot_ms"])
     assert level["p99_ttft_ms"] == pytest.approx(bench["p99_ttft_ms"])
@@ -28,7 +29,7 @@ def test_request_rows_use_server_counted_tokens(bench):
     _, rows = parse_bench_result(bench, "candidate", 4, 1)
     assert len(rows) == len(bench["input_lens"])
     for row, out_len, ttft, e2el in zip(rows, bench["output_lens"], bench["ttfts"], bench["latencies"]):
-        assert row["output_len"] == out_len and row["arm"] == "candidate" and row["repeat"] == 1
+        assert row["output_len"] == out_len and row["arm"] == "candidate" and row["round"] == 1
         assert row["tpot_ms"] == pytest.approx((e2el - ttft) * 1000 / (out_len - 1))
     # vLLM's mean TPOT is the mean of the same per-request figures.
     assert sum(r["tpot_ms"] for r in rows) / len(rows) == pytest.approx(bench["mean_tpot_ms"], rel=1e-6)
@@ -37,12 +38,13 @@ def test_request_rows_use_server_counted_tokens(bench):
 
 def test_rows_round_trip_through_the_csvs(tmp_path, bench):
     level, rows = parse_bench_result(bench, "baseline", 4, 0)
-    records.append_rows(tmp_path / records.LEVELS, [level], records.LEVEL_COLUMNS)
-    records.append_rows(tmp_path / records.LEVELS, [dict(level, arm="candidate")], records.LEVEL_COLUMNS)
-    records.append_rows(tmp_path / records.REQUESTS, rows, records.REQUEST_COLUMNS)
-    levels = records.read_table(tmp_path, records.LEVELS, records.LEVEL_COLUMNS)
+    store = records.RunDir(tmp_path)
+    store.append_levels([level])
+    store.append_levels([dict(level, arm="candidate")])
+    store.append_requests(rows)
+    levels = store.levels()
     assert list(levels["arm"]) == ["baseline", "candidate"]
-    frame = records.read_table(tmp_path, records.REQUESTS, records.REQUEST_COLUMNS)
+    frame = store.requests()
     assert len(frame) == len(rows) and frame["tpot_ms"].notna().all()
 
 
@@ -72,6 +74,6 @@ def test_unreadable_file_names_itself(tmp_path):
 
 
 def test_corrupted_levels_csv_is_a_run_dir_error(tmp_path):
-    (tmp_path / records.LEVELS).write_text("arm,concurrency\n\"unterminated\n")
+    (tmp_path / schema.LEVELS).write_text("arm,concurrency\n\"unterminated\n")
     with pytest.raises(records.RunDirError):
-        records.read_table(tmp_path, records.LEVELS, records.LEVEL_COLUMNS)
+        records.RunDir(tmp_path).levels()

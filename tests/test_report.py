@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.render import render_report
 from harness.render.html import render_html
@@ -89,12 +90,12 @@ def png_size(uri: str) -> tuple[int, int]:
 
 
 def level_values() -> dict[tuple[str, int], dict[str, str]]:
-    with open(FIXTURE / records.LEVELS, newline="", encoding="utf-8") as handle:
+    with open(FIXTURE / schema.LEVELS, newline="", encoding="utf-8") as handle:
         return {(row["arm"], int(row["concurrency"])): row for row in csv.DictReader(handle)}
 
 
 def edit_manifest(run_dir: Path, change) -> None:
-    path = run_dir / records.MANIFEST
+    path = run_dir / schema.MANIFEST
     manifest = json.loads(path.read_text(encoding="utf-8"))
     change(manifest)
     path.write_text(json.dumps(manifest), encoding="utf-8")
@@ -143,7 +144,7 @@ def test_delta_and_formatting():
 # ----------------------------------------------------------------------------------------------- rendering
 def test_render_writes_report_atomically_and_returns_path(rendered):
     path, html = rendered
-    assert path.name == records.REPORT and path.is_file()
+    assert path.name == schema.REPORT and path.is_file()
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".report.html.")]  # no temp file left
     assert html.startswith("<!DOCTYPE html>")
 
@@ -205,8 +206,8 @@ def test_strings_from_the_run_are_escaped(run_dir):
         manifest["arms"]["candidate"]["attestation"] = {"valid": False, "mismatches": [XSS]}
         manifest["arms"]["baseline"]["levels"]["c4-r0"]["status"] = f"failed: {XSS}"
     edit_manifest(run_dir, poison)
-    requests = (run_dir / records.REQUESTS).read_text(encoding="utf-8")
-    (run_dir / records.REQUESTS).write_text(requests.replace("Server disconnected without sending a response.",
+    requests = (run_dir / schema.REQUESTS).read_text(encoding="utf-8")
+    (run_dir / schema.REQUESTS).write_text(requests.replace("Server disconnected without sending a response.",
                                                              '"<script>alert(1)</script>"'), encoding="utf-8")
     html = render_report(run_dir).read_text(encoding="utf-8")
     assert XSS not in html
@@ -223,7 +224,7 @@ def test_partial_run_with_only_baseline_renders(run_dir):
         for key in manifest["arms"]["candidate"]["levels"]:
             manifest["arms"]["candidate"]["levels"][key] = {"status": "skipped: run stopped before this level"}
     edit_manifest(run_dir, interrupt)
-    for name in (records.LEVELS, records.REQUESTS):
+    for name in (schema.LEVELS, schema.REQUESTS):
         keep_rows(run_dir, name, lambda row: row["arm"] == "baseline")
     html = render_report(run_dir).read_text(encoding="utf-8")
     page = parse(html)
@@ -242,8 +243,8 @@ def test_candidate_absent_from_manifest_and_no_csvs(run_dir):
         for key in manifest["arms"]["baseline"]["levels"]:
             manifest["arms"]["baseline"]["levels"][key] = {"status": "pending"}
     edit_manifest(run_dir, strip)
-    (run_dir / records.LEVELS).unlink()
-    (run_dir / records.REQUESTS).unlink()
+    (run_dir / schema.LEVELS).unlink()
+    (run_dir / schema.REQUESTS).unlink()
     html = render_report(run_dir).read_text(encoding="utf-8")
     page = parse(html)
     assert page.level_tables == set(LEVELS)  # declared levels stay visible
@@ -253,7 +254,7 @@ def test_candidate_absent_from_manifest_and_no_csvs(run_dir):
 
 def test_failed_level_stays_visible(run_dir):
     edit_manifest(run_dir, lambda m: m["arms"]["baseline"]["levels"]["c8-r0"].update(status="failed: server died"))
-    keep_rows(run_dir, records.LEVELS, lambda row: not (row["arm"] == "baseline" and row["concurrency"] == "8"))
+    keep_rows(run_dir, schema.LEVELS, lambda row: not (row["arm"] == "baseline" and row["concurrency"] == "8"))
     html = render_report(run_dir).read_text(encoding="utf-8")
     page = parse(html)
     assert 8 in page.level_tables
@@ -265,7 +266,7 @@ def test_failed_level_stays_visible(run_dir):
 
 
 def test_repeats_show_median_and_spread(run_dir):
-    with open(run_dir / records.LEVELS, newline="", encoding="utf-8") as handle:
+    with open(run_dir / schema.LEVELS, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         fields, rows = reader.fieldnames, list(reader)
     extra = []
@@ -274,7 +275,7 @@ def test_repeats_show_median_and_spread(run_dir):
             copy = dict(row, repeat=str(repeat))
             copy["output_throughput"] = str(float(row["output_throughput"]) * scale)
             extra.append(copy)
-    with open(run_dir / records.LEVELS, "a", newline="", encoding="utf-8") as handle:
+    with open(run_dir / schema.LEVELS, "a", newline="", encoding="utf-8") as handle:
         csv.DictWriter(handle, fieldnames=fields, lineterminator="\n").writerows(extra)
     page = parse(render_report(run_dir).read_text(encoding="utf-8"))
     base = float(level_values()[("baseline", 1)]["output_throughput"])
@@ -318,7 +319,7 @@ def test_optional_sections_slot_in(run_dir):
 def test_not_a_run_dir_raises(tmp_path):
     with pytest.raises(records.RunDirError, match="manifest.json: missing"):
         render_report(tmp_path)
-    (tmp_path / records.MANIFEST).write_text("{not json", encoding="utf-8")
+    (tmp_path / schema.MANIFEST).write_text("{not json", encoding="utf-8")
     with pytest.raises(records.RunDirError, match="not valid JSON"):
         render_report(tmp_path)
 

@@ -25,6 +25,7 @@ import pytest
 
 from fakes.support import REPO, SCENARIO, XSS, FakeServer, clean_environ, fake_env, fake_pids, leftovers
 from harness.run import procs
+from harness.rundir import schema
 from harness.rundir import store as records
 from harness.cli import main
 
@@ -113,7 +114,9 @@ def remote(tmp_path_factory):
 
 
 def _manifest(run_dir: Path) -> dict:
-    return json.loads((run_dir / records.MANIFEST).read_text(encoding="utf-8"))
+    """manifest.json with its arms list keyed by arm name."""
+    data = json.loads((run_dir / schema.MANIFEST).read_text(encoding="utf-8"))
+    return {**data, "arms": {arm["name"]: arm for arm in data["arms"]}}
 
 
 @pytest.mark.slow
@@ -131,10 +134,10 @@ def test_base_urls_benchmark_running_servers_and_start_or_stop_nothing(remote):
         assert attestation["valid"] is None and attestation["not_checked"]
         assert "cannot be checked from there" in attestation["note"]
     # the bench client asked for the model the server serves (from /v1/models), not the scenario's
-    assert f"served_model_name='{XSS}'" in (run_dir / records.LOGS_DIR / "baseline-bench.log").read_text()
+    assert f"served_model_name='{XSS}'" in (run_dir / schema.LOGS_DIR / "baseline-bench.log").read_text()
     # started nothing, stopped nothing
     assert fake_pids(Path(remote["harness_env"]["FAKE_VLLM_PIDDIR"])) == {}
-    assert not list((run_dir / records.LOGS_DIR).glob("*-server.log"))
+    assert not list((run_dir / schema.LOGS_DIR).glob("*-server.log"))
     assert remote["alive_after"] == {"baseline": True, "candidate": True}
     assert remote["live"] == [] and leftovers(remote["harness_env"]) == []
 
@@ -148,7 +151,7 @@ def test_per_level_timeout_names_itself_and_stops_only_that_arm(remote):
     assert f"candidate c=1 r=0 failed: {timeout}" in remote["err"]
     assert levels["c2-r0"]["status"] == "skipped: an earlier level failed (use --continue-on-error to go on)"
     assert remote["code"] == 1
-    frame = pd.read_csv(remote["run_dir"] / records.LEVELS)
+    frame = pd.read_csv(remote["run_dir"] / schema.LEVELS)
     assert sorted(zip(frame["arm"], frame["concurrency"])) == [("baseline", 1), ("baseline", 2)]
     assert json.loads((remote["run_dir"] / "verdict.json").read_text())["overall"] == "INVALID"
 
@@ -161,7 +164,7 @@ def test_report_escapes_model_name_generated_text_and_server_errors(remote):
     generated = [text for text in raw["generated_texts"] if text]
     assert generated and XSS in generated[0]                    # the server's text reached the stored results
     assert any(XSS in (error or "") for error in raw["errors"])  # and so did its error (HTTP reason phrase)
-    requests = pd.read_csv(run_dir / records.REQUESTS, keep_default_na=False)
+    requests = pd.read_csv(run_dir / schema.REQUESTS, keep_default_na=False)
     assert (requests["error"] == XSS).sum() == 1
 
     # strings from the server (served model, error), the scenario (model id) and generated text (parity section)

@@ -8,14 +8,13 @@ INCONCLUSIVE with the repeats it would need; the ≥ 90 % power at 8 repeats hol
 tests/test_verdict.py).
 """
 
-import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from harness.judge import simulation
 from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
+from harness.rundir.store import RunDir
 
 REAL = Path(__file__).parent / "fixtures" / "recorded" / "real-cpu"
 PERF = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))
@@ -23,9 +22,10 @@ PERF = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))
 
 @pytest.fixture(scope="module")
 def pool():
-    manifest = json.loads((REAL / "manifest.json").read_text())
-    assert manifest["scenario"]["allow_identical_arms"] and manifest["status"] == "done"
-    levels, requests = pd.read_csv(REAL / "levels.csv"), pd.read_csv(REAL / "requests.csv")
+    store = RunDir(REAL)           # a version-1 recording, read through the upgrade
+    manifest = store.manifest()
+    assert manifest.scenario["allow_identical_arms"] and manifest.status == "done"
+    levels, requests = store.levels(), store.requests()
     return simulation.repeat_pool(levels, requests, ("baseline", "candidate"))
 
 

@@ -288,6 +288,7 @@ def test_repeats_are_pooled_by_counts_not_averaged_ratios():
     import pandas as pd
 
     from harness.render.view import mtp_section
+    from harness.rundir.schema import Manifest
 
     frame = pd.DataFrame([
         {"arm": "candidate", "concurrency": 4, "spec_drafts": 100, "spec_draft_tokens": 200,
@@ -295,8 +296,8 @@ def test_repeats_are_pooled_by_counts_not_averaged_ratios():
         {"arm": "candidate", "concurrency": 4, "spec_drafts": 300, "spec_draft_tokens": 600,
          "spec_accepted_tokens": 0, "acceptance_rate": 0.0, "acceptance_length": 1.0, "acceptance_per_pos": "0;0"},
     ])
-    (row,) = mtp_section(frame, {"scenario": {"mtp": {"num_speculative_tokens": 2}}})["rows"]
+    (row,) = mtp_section(frame, Manifest(run_id="r", scenario={"mtp": {"num_speculative_tokens": 2}}))["rows"]
     assert row["acceptance_rate_pct"] == pytest.approx(25.0)          # 200 / 800, not mean(100 %, 0 %)
     assert row["acceptance_length"] == pytest.approx(1.5)             # 1 + 200 / 400
     assert row["per_position"] == pytest.approx([25.0, 25.0])
-    assert mtp_section(frame, {"scenario": {"mtp": {"num_speculative_tokens": 0}}}).startswith("MTP is off")
+    assert mtp_section(frame, Manifest(run_id="r", scenario={"mtp": {"num_speculative_tokens": 0}})).startswith("MTP is off")

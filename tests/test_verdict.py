@@ -47,7 +47,7 @@ def pool():
 
 
 def _evaluate(run, policy=PERF, accuracy=None, diagnostics=False):
-    manifest, levels, requests = run
+    manifest, levels, requests = aa.typed(run)
     return verdict.evaluate(manifest, levels, requests, accuracy, policy, diagnostics=diagnostics)
 
 
@@ -152,26 +152,26 @@ def test_recorded_aa_run_is_valid_and_not_fail(run8):
 
 def _mutate_levels(run, column, value, arm="candidate", level=4, repeat=2):
     manifest, levels, requests = _copy(run)
-    mask = (levels["arm"] == arm) & (levels["concurrency"] == level) & (levels["repeat"] == repeat)
+    mask = (levels["arm"] == arm) & (levels["concurrency"] == level) & (levels["round"] == repeat)
     levels.loc[mask, column] = value
     return manifest, levels, requests
 
 
 def _mutate_status(run, status):
     manifest, levels, requests = _copy(run)
-    manifest["arms"]["candidate"]["levels"]["c4-r2"]["status"] = status
+    aa.arm(manifest, "candidate")["levels"]["c4-r2"]["status"] = status
     return manifest, levels, requests
 
 
 def _drop_level_row(run):
     manifest, levels, requests = _copy(run)
-    levels = levels[~((levels["arm"] == "candidate") & (levels["concurrency"] == 4) & (levels["repeat"] == 2))]
+    levels = levels[~((levels["arm"] == "candidate") & (levels["concurrency"] == 4) & (levels["round"] == 2))]
     return manifest, levels, requests
 
 
 def _short_outputs(run):
     manifest, levels, requests = _copy(run)
-    mask = (requests["arm"] == "candidate") & (requests["concurrency"] == 4) & (requests["repeat"] == 2)
+    mask = (requests["arm"] == "candidate") & (requests["concurrency"] == 4) & (requests["round"] == 2)
     requests.loc[mask & (requests["index"] < 3), "output_len"] = 7
     return manifest, levels, requests
 
@@ -179,7 +179,7 @@ def _short_outputs(run):
 def _serial_client(run):
     """A client that never had more than one request in flight at level 4."""
     manifest, levels, requests = _copy(run)
-    mask = (requests["arm"] == "candidate") & (requests["concurrency"] == 4) & (requests["repeat"] == 2)
+    mask = (requests["arm"] == "candidate") & (requests["concurrency"] == 4) & (requests["round"] == 2)
     durations = requests.loc[mask, "e2el_ms"].to_numpy() / 1000
     requests.loc[mask, "start_s"] = np.concatenate([[0.0], np.cumsum(durations)[:-1]])
     return manifest, levels, requests
@@ -189,9 +189,9 @@ def _attestation(valid):
     def mutate(run):
         manifest, levels, requests = _copy(run)
         if valid is None:
-            del manifest["arms"]["candidate"]["attestation"]
+            del aa.arm(manifest, "candidate")["attestation"]
         else:
-            manifest["arms"]["candidate"]["attestation"] = {"valid": False, "mismatches": ["model_runner v2 != v1"]}
+            aa.arm(manifest, "candidate")["attestation"] = {"valid": False, "mismatches": ["model_runner v2 != v1"]}
         return manifest, levels, requests
     return mutate
 

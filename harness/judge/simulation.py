@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.judge.policy import METRICS, GatePolicy, Status
-from harness.judge.validity import _succeeded
+from harness.judge.validity import succeeded
 from harness.judge.verdict import CellInput, decide, overall
 
 __all__ = ["RepeatPool", "repeat_pool", "SimulationResult", "simulate_gate"]
@@ -39,19 +39,19 @@ def repeat_pool(levels, requests, arms: Sequence[str] = ("baseline",)) -> Repeat
     With several arms (a recorded A/A run), repeat ``r`` contributes one sweep per arm, alternating ABBA.
     Only repeats present at every level are kept.
     """
-    ok = _succeeded(requests) if len(requests) else requests
+    ok = succeeded(requests) if len(requests) else requests
     rows = levels[levels["arm"].astype(str).isin(arms)]
     level_list = tuple(sorted(int(c) for c in rows["concurrency"].unique()))
     sweeps = []
-    for repeat in sorted(int(r) for r in rows["repeat"].unique()):
+    for repeat in sorted(int(r) for r in rows["round"].unique()):
         order = list(arms) if repeat % 2 == 0 else list(reversed(arms))
         for arm in order:
             sweep = {}
             for level in level_list:
-                row = rows[(rows["arm"] == arm) & (rows["concurrency"] == level) & (rows["repeat"] == repeat)]
+                row = rows[(rows["arm"] == arm) & (rows["concurrency"] == level) & (rows["round"] == repeat)]
                 if row.empty:
                     break
-                frame = ok[(ok["arm"] == arm) & (ok["concurrency"] == level) & (ok["repeat"] == repeat)]
+                frame = ok[(ok["arm"] == arm) & (ok["concurrency"] == level) & (ok["round"] == repeat)]
                 sweep[level] = {
                     "level": row.iloc[-1].to_dict(),
                     "request": {c: frame[c].to_numpy(dtype=float)[np.isfinite(frame[c].to_numpy(dtype=float))]

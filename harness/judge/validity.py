@@ -1,24 +1,22 @@
 """Cell validity: the checks that make a run's data unfit to compare, per arm and level (:func:`check_validity`).
 
-Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.rundir.store`);
+Pure: functions of the typed manifest and the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.rundir.schema`);
 no files, processes or sockets. In :mod:`harness.judge.verdict` a failed check makes the cells of that level INVALID (a
 failed attestation: every cell of the run); missing or unfit data never yields PASS.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
 from harness.judge.policy import GatePolicy
+from harness.rundir.schema import ArmRecord, Manifest
 from harness.rundir.store import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
-
-_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
 
 
 @dataclass
@@ -48,7 +46,7 @@ class ValidityReport:
 
     def fail(self, arm: str, level: int, repeat: int | None, check: str, detail: str) -> None:
         self.reasons.setdefault((arm, level), []).append((repeat, detail))
-        self.failures.append({"arm": arm, "concurrency": level, "repeat": repeat, "check": check, "detail": detail})
+        self.failures.append({"arm": arm, "concurrency": level, "round": repeat, "check": check, "detail": detail})
 
     def level_reasons(self, level: int) -> list[str]:
         """The level's failures for both arms, one line per distinct problem: ``baseline r0, r3: <detail>``."""
@@ -68,13 +66,12 @@ class ValidityReport:
         return lines
 
 
-def _arm_names(manifest: Mapping[str, Any]) -> dict[str, str]:
+def arm_names(manifest: Manifest) -> dict[str, str]:
+    """``{"baseline": name, "candidate": name}``: the arm of each route (the route's own name when absent)."""
     names = {"baseline": "baseline", "candidate": "candidate"}
-    arms = manifest.get("arms")
-    if isinstance(arms, Mapping):
-        for name, arm in arms.items():
-            if isinstance(arm, Mapping) and arm.get("route") in names:
-                names[arm["route"]] = str(name)
+    for arm in reversed(manifest.arms):       # the first arm of a route wins
+        if arm.route in names:
+            names[arm.route] = arm.name
     return names
 
 
@@ -89,9 +86,9 @@ def _flag_value(argv: Any, flag: str) -> str | None:
     return None
 
 
-def _expected_output_len(arm: Mapping[str, Any] | None) -> int | None:
+def _expected_output_len(arm: ArmRecord | None) -> int | None:
     """Requested output length when every request must produce exactly it (``--ignore-eos``, no length range)."""
-    argv = (arm or {}).get("bench_command")
+    argv = arm.bench_command if arm is not None else None
     if not isinstance(argv, (list, tuple)) or "--ignore-eos" not in argv:
         return None
     try:
@@ -118,12 +115,12 @@ def achieved_concurrency(frame) -> float | None:
     return float(latency.sum() / span) if span > 0 else None
 
 
-def _succeeded(frame):
+def succeeded(frame):
     error = frame["error"]
     return frame[error.isna() | (error.astype(str).str.strip() == "")]
 
 
-def check_validity(manifest: Mapping[str, Any], levels, requests, policy: GatePolicy) -> ValidityReport:
+def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> ValidityReport:
     """Run every validity check of issue 6 on the run's data.
 
     Per arm and level (any failure → the level's cells are INVALID): a planned repeat not ``done`` (failed, skipped,
@@ -135,29 +132,25 @@ def check_validity(manifest: Mapping[str, Any], levels, requests, policy: GatePo
     with levels.csv counts. Per arm: the observed path differs from the intended one (attestation), or, with
     ``require_attestation``, was not attested.
     """
-    report = ValidityReport(arms=_arm_names(manifest))
-    arms_manifest = manifest.get("arms") if isinstance(manifest.get("arms"), Mapping) else {}
-    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
-    workload = scenario.get("workload") if isinstance(scenario.get("workload"), Mapping) else {}
-    planned_levels = {int(c) for c in workload.get("concurrency") or [] if finite_float(c)}
-    planned_repeats = int(workload["repeats"]) if finite_float(workload.get("repeats")) else None
+    report = ValidityReport(arms=arm_names(manifest))
+    concurrency = manifest.scenario_value("workload", "concurrency")
+    planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
+    repeats = manifest.scenario_value("workload", "repeats")
+    planned_repeats = int(repeats) if finite_float(repeats) else None
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}
     for role, arm in report.arms.items():
-        arm_data = arms_manifest.get(arm) if isinstance(arms_manifest.get(arm), Mapping) else {}
-        for key, entry in (arm_data.get("levels") or {}).items():
-            match = _LEVEL_KEY.match(str(key))
-            if match:
-                status = entry.get("status") if isinstance(entry, Mapping) else entry
-                statuses.setdefault((arm, int(match.group(1))), {})[int(match.group(2))] = str(status)
-                level_set.add(int(match.group(1)))
-        attestation = arm_data.get("attestation")
-        if isinstance(attestation, Mapping) and attestation.get("valid") is False:
-            mismatches = "; ".join(str(m) for m in attestation.get("mismatches") or []) or "no details"
+        record = manifest.arm(arm)
+        for key, entry in record.level_items() if record is not None else []:
+            statuses.setdefault((arm, key.concurrency), {})[key.round] = entry.status
+            level_set.add(key.concurrency)
+        attestation = record.attestation if record is not None else None
+        if attestation is not None and attestation.valid is False:
+            mismatches = "; ".join(attestation.mismatches) or "no details"
             report.arm_reasons.setdefault(arm, []).append(f"{role}: observed path differs from intended ({mismatches})")
-        elif not (isinstance(attestation, Mapping) and attestation.get("valid") is True) and policy.require_attestation:
+        elif not (attestation is not None and attestation.valid is True) and policy.require_attestation:
             report.arm_reasons.setdefault(arm, []).append(
-                f"{role}: execution path not attested (manifest.json has no arms.{arm}.attestation)")
+                f"{role}: execution path not attested (manifest.json has no attestation for arm {arm})")
     report.levels = tuple(sorted(level_set))
 
     has_cpu = "client_cpu_util" in levels.columns and levels["client_cpu_util"].notna().any()
@@ -165,13 +158,13 @@ def check_validity(manifest: Mapping[str, Any], levels, requests, policy: GatePo
         report.not_checked.append("client saturation: levels.csv has no client_cpu_util")
     has_requested = "requested_output_len" in requests.columns
     level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
-                  levels.drop_duplicates(["arm", "concurrency", "repeat"], keep="last")
-                  .set_index(["arm", "concurrency", "repeat"]).iterrows()} if len(levels) else {}
+                  levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
+                  .set_index(["arm", "concurrency", "round"]).iterrows()} if len(levels) else {}
     request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
-                      requests.groupby(["arm", "concurrency", "repeat"])} if len(requests) else {}
+                      requests.groupby(["arm", "concurrency", "round"])} if len(requests) else {}
     if not request_groups:
         report.not_checked.append("timeline concurrency and output lengths: requests.csv is absent or empty")
-    expected_len = {arm: _expected_output_len(arms_manifest.get(arm)) for arm in report.arms.values()}
+    expected_len = {arm: _expected_output_len(manifest.arm(arm)) for arm in report.arms.values()}
     if not has_requested and not any(v is not None for v in expected_len.values()):
         report.not_checked.append("output lengths: not an --ignore-eos run with a fixed --random-output-len")
 
@@ -229,7 +222,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
         if len(frame) != total:
             report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
                                                             f"counts {total:.0f} requests")
-        ok = _succeeded(frame)
+        ok = succeeded(frame)
         achieved = achieved_concurrency(ok)
         if achieved is not None and achieved < policy.min_concurrency_fraction * level:
             report.fail(arm, level, repeat, "concurrency",

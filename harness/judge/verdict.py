@@ -1,6 +1,6 @@
 """From a run's tables to a verdict: per-cell PASS/FAIL/INCONCLUSIVE/INVALID, overall.
 
-Pure: functions of the manifest dict and the ``levels.csv``/``requests.csv``/``accuracy.csv`` frames (schema:
+Pure: functions of the typed manifest and the ``levels.csv``/``requests.csv``/``accuracy.csv`` frames (schema:
 :mod:`harness.rundir.store`); no files, processes or sockets. :mod:`harness.gate` does the reading and writing. The metrics,
 margins and policy are :mod:`harness.judge.policy`'s (margins' origin there); the validity checks :mod:`harness.judge.validity`'s.
 
@@ -29,8 +29,9 @@ import numpy as np
 
 from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
+from harness.rundir.schema import Manifest
 from harness.rundir.store import finite_float
-from harness.judge.validity import ValidityReport, _succeeded, check_validity
+from harness.judge.validity import ValidityReport, succeeded, check_validity
 
 __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overall", "evaluate"]
 
@@ -313,7 +314,7 @@ def _spec_rate(row) -> float | None:
     return finite_float(row.get("acceptance_rate"))
 
 
-def build_cells(manifest: Mapping[str, Any], levels, requests, accuracy, policy: GatePolicy,
+def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
                 validity: ValidityReport, *, diagnostics: bool = True) -> list[CellInput]:
     """The primary cells (every primary metric × every policy level, plus GSM8K) and, optionally, diagnostic ones.
 
@@ -322,12 +323,12 @@ def build_cells(manifest: Mapping[str, Any], levels, requests, accuracy, policy:
     """
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
     wanted_levels = policy.levels if policy.levels is not None else validity.levels
-    rows = levels.drop_duplicates(["arm", "concurrency", "repeat"], keep="last")
+    rows = levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
     level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
-                  rows.set_index(["arm", "concurrency", "repeat"]).iterrows()} if len(rows) else {}
-    ok_requests = _succeeded(requests) if len(requests) else requests
+                  rows.set_index(["arm", "concurrency", "round"]).iterrows()} if len(rows) else {}
+    ok_requests = succeeded(requests) if len(requests) else requests
     request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
-                      ok_requests.groupby(["arm", "concurrency", "repeat"])} if len(ok_requests) else {}
+                      ok_requests.groupby(["arm", "concurrency", "round"])} if len(ok_requests) else {}
     names = list(policy.primary)
     if diagnostics:
         names += [n for n in DIAGNOSTIC if n not in policy.primary]
@@ -488,7 +489,7 @@ class Verdict:
         return [c for c in self.cells if not c.primary]
 
 
-def evaluate(manifest: Mapping[str, Any], levels, requests, accuracy, policy: GatePolicy, *,
+def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy, *,
              diagnostics: bool = True) -> Verdict:
     """Validity checks, cells, decisions and the overall verdict of one run (pure)."""
     validity = check_validity(manifest, levels, requests, policy)
@@ -496,8 +497,8 @@ def evaluate(manifest: Mapping[str, Any], levels, requests, accuracy, policy: Ga
     results = decide(cells, policy)
     status, reason = overall(results)
     notes = []
-    run_status = manifest.get("status")
-    if run_status not in (None, "done"):
+    run_status = manifest.status
+    if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")
     notes += [f"not checked — {n}" for n in validity.not_checked]
     return Verdict(status, reason, results, validity, policy, notes)

@@ -7,14 +7,14 @@ re-buildable from the run directory alone.
 from __future__ import annotations
 
 import math
-import json
-import os
 from pathlib import Path
 from typing import Any, Mapping
 
 import jinja2
 
-from harness.rundir import store as records
+from harness.rundir import schema
+from harness.rundir.schema import VerdictDocument
+from harness.rundir.store import RunDir, RunDirError
 from harness.render import plots
 from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_COLUMN, Summary, fmt_delta, fmt_value
 from harness.render.view import build_context
@@ -94,13 +94,12 @@ def stored_sections(run_dir: Path) -> dict[str, Any]:
     """Sections stored in the run dir by later stages: ``verdict.json`` (written by :mod:`harness.gate`).
 
     An unreadable verdict.json is reported in the section instead of failing the whole report."""
-    path = Path(run_dir) / "verdict.json"
-    if not path.exists():
-        return {}
+    store = RunDir(run_dir)
     try:
-        return {"verdict": json.loads(path.read_text(encoding="utf-8"))}
-    except (OSError, ValueError) as error:
-        return {"verdict": f"verdict.json is unreadable ({error}); re-run `dsa-bench gate {run_dir}`"}
+        document = store.read_document(schema.VERDICT, VerdictDocument, f"re-run `dsa-bench gate {run_dir}`")
+    except (OSError, RunDirError) as error:
+        return {"verdict": f"verdict.json is unreadable ({error})"}
+    return {} if document is None else {"verdict": document.model_dump(mode="json")}
 
 
 def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> Path:
@@ -118,8 +117,4 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
     if sections is None:
         sections = stored_sections(run_dir)
     html = render_html(build_context(run_dir, sections))
-    path = run_dir / records.REPORT
-    records.atomic_write_text(path, html)
-    # atomic_write_text's temp file is created 0600; a report is meant to be read (and served) by others.
-    os.chmod(path, 0o644)
-    return path
+    return RunDir(run_dir).write_text(schema.REPORT, html)

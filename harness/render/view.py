@@ -1,8 +1,8 @@
 """Turn a run directory into the plain data the report template shows (the "view model").
 
-Reads only through :mod:`harness.rundir.store` (manifest, ``levels.csv``, ``requests.csv``) and the file listing of ``raw/``
-and ``logs/``; writes nothing. Every field tolerates a partial run: a manifest key, an arm, a level or a CSV that is
-missing yields "not run"/"—" in the page instead of an exception.
+Reads only through :class:`harness.rundir.store.RunDir` (the typed manifest, ``levels.csv``, ``requests.csv``, the
+summaries and the file listing of ``raw/`` and ``logs/``); writes nothing. Every field tolerates a partial run: an arm,
+a level or a CSV that is missing yields "not run"/"—" in the page instead of an exception.
 
 Sections that later issues fill (verdict with intervals, GSM8K per arm with McNemar, output parity, MTP acceptance)
 are passed in as plain dicts through ``sections=``; see :data:`SECTION_KEYS` and :func:`build_context`. The GSM8K,
@@ -13,14 +13,16 @@ parity and MTP sections are also read from the run directory when not passed (:f
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.rundir import schema
 from harness.rundir import store as records
+from harness.rundir.schema import MTP_COLUMNS, ArmRecord, Manifest
+from harness.rundir.store import RunDir
 from harness.judge.validity import achieved_concurrency
 from harness.render.metrics_table import (
     ARMS,
@@ -36,8 +38,6 @@ from harness.render.metrics_table import (
 
 SECTION_KEYS: tuple[str, ...] = ("verdict", "gsm8k", "parity", "mtp")
 """Optional sections the template renders when given data (see :func:`build_context` for their shapes)."""
-
-_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -192,20 +192,19 @@ _VOLATILE_FLAGS = ("--port", "--base-url", "--result-filename", "--result-dir")
 """Flags that differ between arms by construction (ports, file names); left out of the arm comparison."""
 
 
-def arm_differences(arms_manifest: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def arm_differences(base: ArmRecord | None, cand: ArmRecord | None) -> list[tuple[str, str, str]]:
     """What differs between the baseline and candidate launch: ``(what, baseline, candidate)`` rows.
 
     Compares server flags (ports and result paths excluded), server environment and benchmark flags. Empty when the
     arms launch identically (the caller warns: two identical arms compare nothing) or when an arm is missing.
     """
-    base, cand = arms_manifest.get(BASELINE), arms_manifest.get(CANDIDATE)
-    if not isinstance(base, Mapping) or not isinstance(cand, Mapping):
+    if base is None or cand is None:
         return []
     rows: list[tuple[str, str, str]] = []
     for field_name, label in (("server_command", "server"), ("bench_command", "benchmark")):
         groups = [
             {group[0]: " ".join(group[1:])
-             for group in _flag_groups(arm.get(field_name)) if group[0] not in _VOLATILE_FLAGS}
+             for group in _flag_groups(getattr(arm, field_name)) if group[0] not in _VOLATILE_FLAGS}
             for arm in (base, cand)
         ]
         for key in list(groups[0]) + [k for k in groups[1] if k not in groups[0]]:
@@ -213,7 +212,7 @@ def arm_differences(arms_manifest: Mapping[str, Any]) -> list[tuple[str, str, st
             if left != right:
                 rows.append((f"{label} {key}", "absent" if left is None else (left or "(set)"),
                              "absent" if right is None else (right or "(set)")))
-    envs = [arm.get("server_env") if isinstance(arm.get("server_env"), Mapping) else {} for arm in (base, cand)]
+    envs = [arm.server_env for arm in (base, cand)]
     for key in sorted(set(envs[0]) | set(envs[1])):
         left, right = envs[0].get(key), envs[1].get(key)
         if left != right:
@@ -222,10 +221,9 @@ def arm_differences(arms_manifest: Mapping[str, Any]) -> list[tuple[str, str, st
     return rows
 
 
-def model_label(manifest: Mapping[str, Any]) -> str:
+def model_label(manifest: Manifest) -> str:
     """The model the run served, from the resolved scenario (``model.path``/``id``/``name``, or a plain string)."""
-    scenario = manifest.get("scenario") or {}
-    model = scenario.get("model") if isinstance(scenario, Mapping) else None
+    model = manifest.scenario_value("model")
     if isinstance(model, Mapping):
         for key in ("path", "id", "name"):
             if model.get(key):
@@ -234,29 +232,19 @@ def model_label(manifest: Mapping[str, Any]) -> str:
     return str(model) if model else "—"
 
 
-def model_details(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+def model_details(manifest: Manifest) -> list[tuple[str, str]]:
     """The scenario's model block as (key, value) pairs, for the header."""
-    scenario = manifest.get("scenario") or {}
-    model = scenario.get("model") if isinstance(scenario, Mapping) else None
+    model = manifest.scenario_value("model")
     if isinstance(model, Mapping):
         return [(str(key), _show(value)) for key, value in model.items()]
     return []
 
 
-def _level_statuses(arm: Mapping[str, Any]) -> dict[int, list[tuple[int, str]]]:
-    """``{concurrency: [(repeat, status), ...]}`` from an arm's manifest ``levels`` map (unparseable keys skipped)."""
+def _level_statuses(arm: ArmRecord | None) -> dict[int, list[tuple[int, str]]]:
+    """``{concurrency: [(round, status), ...]}`` from an arm's manifest levels (unparseable keys skipped)."""
     result: dict[int, list[tuple[int, str]]] = {}
-    levels = arm.get("levels") or {}
-    if not isinstance(levels, Mapping):
-        return result
-    for key, info in levels.items():
-        match = _LEVEL_KEY.match(str(key))
-        if not match:
-            continue
-        status = info.get("status") if isinstance(info, Mapping) else info
-        result.setdefault(int(match.group(1)), []).append((int(match.group(2)), str(status or "unknown")))
-    for entries in result.values():
-        entries.sort()
+    for key, info in arm.level_items() if arm is not None else []:
+        result.setdefault(key.concurrency, []).append((key.round, info.status or "unknown"))
     return result
 
 
@@ -277,17 +265,14 @@ def _status_text(entries: list[tuple[int, str]]) -> tuple[str, str, str]:
     return text, "missing", short
 
 
-def _level_universe(manifest: Mapping[str, Any], levels, requests) -> list[int]:
+def _level_universe(manifest: Manifest, levels, requests) -> list[int]:
     """Every concurrency the run declared or touched: scenario workload, manifest level keys and both CSVs."""
     found: set[int] = set()
-    scenario = manifest.get("scenario") or {}
-    workload = scenario.get("workload") if isinstance(scenario, Mapping) else None
-    declared = workload.get("concurrency") if isinstance(workload, Mapping) else None
+    declared = manifest.scenario_value("workload", "concurrency")
     if isinstance(declared, (list, tuple)):
         found.update(int(c) for c in declared if isinstance(c, (int, float)) and not isinstance(c, bool))
-    for arm in (manifest.get("arms") or {}).values():
-        if isinstance(arm, Mapping):
-            found.update(_level_statuses(arm))
+    for arm in manifest.arms:
+        found.update(_level_statuses(arm))
     for frame in (levels, requests):
         if len(frame):
             found.update(int(c) for c in frame["concurrency"].dropna().unique())
@@ -323,23 +308,19 @@ def _achieved(reqs) -> Summary:
     if not len(reqs):
         return Summary(None, None, None, 0)
     values = []
-    for _, group in reqs.groupby("repeat"):
+    for _, group in reqs.groupby("round"):
         ok = group[group["error"].isna() | (group["error"].astype(str).str.strip() == "")]
         value = achieved_concurrency(ok)
         values.append(value if value is not None else float("nan"))
     return summarize(values)
 
 
-def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelView]:
+def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
     """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
 
-    ``levels``/``requests`` are the frames from :func:`harness.rundir.store.read_table`.
+    ``levels``/``requests`` are the frames of :meth:`RunDir.levels` and :meth:`RunDir.requests`.
     """
-    arms_manifest = manifest.get("arms") or {}
-    statuses = {
-        arm: _level_statuses(arms_manifest.get(arm) or {}) if isinstance(arms_manifest.get(arm), Mapping) else {}
-        for arm in ARMS
-    }
+    statuses = {arm: _level_statuses(manifest.arm(arm)) for arm in ARMS}
     views = []
     for concurrency in _level_universe(manifest, levels, requests):
         per_arm: dict[str, ArmLevel] = {}
@@ -371,32 +352,23 @@ def build_levels(manifest: Mapping[str, Any], levels, requests) -> list[LevelVie
     return views
 
 
-def build_arm(name: str, arm: Any) -> ArmView:
-    """An :class:`ArmView` from the manifest's ``arms[name]`` (``present=False`` when the arm is absent)."""
-    if not isinstance(arm, Mapping):
+def build_arm(name: str, arm: ArmRecord | None) -> ArmView:
+    """An :class:`ArmView` of the manifest's arm ``name`` (``present=False`` when the arm is absent)."""
+    if arm is None:
         return ArmView(name=name, present=False)
-    decision = arm.get("decision") or {}
     reasons: list[str] = []
     items: list[tuple[str, str]] = []
-    if isinstance(decision, Mapping):
-        for key, value in decision.items():
-            if key == "reasons" and isinstance(value, (list, tuple)):
-                reasons = [_show(reason) for reason in value]
-            else:
-                items.append((str(key), _show(value)))
-    elif decision:
-        items.append(("decision", _show(decision)))
-    env = arm.get("server_env") or {}
-    env_items = sorted((str(k), _show(v)) for k, v in env.items()) if isinstance(env, Mapping) else []
-    command = _argv(arm.get("server_command"))
+    for key, value in arm.decision.items():
+        if key == "reasons" and isinstance(value, (list, tuple)):
+            reasons = [_show(reason) for reason in value]
+        else:
+            items.append((str(key), _show(value)))
+    env_items = sorted((str(k), _show(v)) for k, v in arm.server_env.items())
+    command = _argv(arm.server_command)
     assignments = [f"{key}={shlex.quote(value)}" for key, value in env_items]
     reproduce = " \\\n".join(assignments + ([command] if command else []))
-    intended = arm.get("intended") or {}
-    observed = arm.get("observed") or {}
-    intended = intended if isinstance(intended, Mapping) else {}
-    observed = observed if isinstance(observed, Mapping) else {}
-    attestation = arm.get("attestation") or {}
-    mismatches = [_show(m) for m in (attestation.get("mismatches") or [])] if isinstance(attestation, Mapping) else []
+    intended, observed = arm.intended, arm.observed
+    mismatches = [_show(m) for m in arm.attestation.mismatches]
     mismatch_text = " ".join(mismatches)
     path_rows = []
     for key in list(intended) + [k for k in observed if k not in intended]:
@@ -407,23 +379,23 @@ def build_arm(name: str, arm: Any) -> ArmView:
             observed=_show(got) if key in observed else "not observed",
             mismatch=differs or (bool(mismatches) and str(key) in mismatch_text),
         ))
-    valid = attestation.get("valid") if isinstance(attestation, Mapping) else None
+    valid = arm.attestation.valid
     return ArmView(
-        name=name, present=True, route=_show(arm.get("route")), description=_show(arm.get("description") or ""),
+        name=name, present=True, route=_show(arm.route), description=_show(arm.description),
         decision_items=items, decision_reasons=reasons,
-        unavailable=[_show(u) for u in (arm.get("unavailable") or [])],
+        unavailable=[_show(u) for u in arm.unavailable],
         server_command=command, server_env=env_items, reproduce=reproduce,
-        bench_command=_argv(arm.get("bench_command")), path_rows=path_rows,
+        bench_command=_argv(arm.bench_command), path_rows=path_rows,
         attestation="valid" if valid is True else ("INVALID" if valid is False or mismatches else "unknown"),
-        mismatches=mismatches, server_start_s=records.finite_float(arm.get("server_start_s")),
-        base_url=_show(arm.get("base_url") or ""),
+        mismatches=mismatches, server_start_s=records.finite_float(arm.server_start_s),
+        base_url=_show(arm.base_url or ""),
     )
 
 
-def _timing(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _timing(manifest: Manifest) -> list[tuple[str, str]]:
     """Harness timing rows: wall, server start, benchmark, client import, overhead, each with its share of wall."""
-    timing = manifest.get("timing") or {}
-    if not isinstance(timing, Mapping) or not timing:
+    timing = manifest.timing
+    if not timing:
         return []
     wall = records.finite_float(timing.get("wall_s"))
     rows = []
@@ -446,19 +418,12 @@ def _timing(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def _schedule(manifest: Mapping[str, Any]) -> str:
-    """The run order from the manifest's ``schedule`` ([arm, concurrency, repeat] items) as one line."""
-    items = manifest.get("schedule")
-    if not isinstance(items, list):
-        return ""
-    parts = []
-    for item in items:
-        if isinstance(item, (list, tuple)) and len(item) == 3:
-            parts.append(f"{item[0]} c{item[1]} r{item[2]}")
-    return " → ".join(parts)
+def _schedule(manifest: Manifest) -> str:
+    """The run order from the manifest's ``schedule`` ((arm, concurrency, round) items) as one line."""
+    return " → ".join(f"{arm} c{concurrency} r{round_}" for arm, concurrency, round_ in manifest.schedule)
 
 
-def _banners(manifest: Mapping[str, Any], arms: list[ArmView], levels: list[LevelView],
+def _banners(manifest: Manifest, arms: list[ArmView], levels: list[LevelView],
              differences: list[tuple[str, str, str]]) -> list[Banner]:
     banners = []
     if all(arm.present for arm in arms) and not differences:
@@ -468,7 +433,7 @@ def _banners(manifest: Mapping[str, Any], arms: list[ArmView], levels: list[Leve
         if arm.attestation == "INVALID":
             detail = "; ".join(arm.mismatches) or "attestation.valid is false"
             banners.append(Banner("invalid", f"INVALID: the {arm.name} arm did not run its intended path ({detail})."))
-    status = manifest.get("status")
+    status = manifest.status
     if status != "done":
         banners.append(Banner("warn", f"Partial run: run status is '{_show(status)}'; figures cover what finished."))
     for arm in arms:
@@ -483,22 +448,7 @@ def _banners(manifest: Mapping[str, Any], arms: list[ArmView], levels: list[Leve
     return banners
 
 
-def _files(run_dir: Path) -> list[tuple[str, int]]:
-    found = []
-    for sub in (records.RAW_DIR, records.LOGS_DIR):
-        folder = run_dir / sub
-        if folder.is_dir():
-            found.extend((f"{sub}/{p.name}", p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
-    return found
-
-
 # ----------------------------------------------------------------------------------------------- issue-5 sections
-PARITY_FILE = "parity.json"                    # written by harness.run.parity.save_comparison
-ACCURACY_SUMMARY = "accuracy/summary.json"     # written by harness.run.accuracy.summarize / record_skipped
-MTP_COLUMNS: tuple[str, ...] = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate",
-                                "acceptance_length", "acceptance_per_pos")
-"""``levels.csv`` columns of MTP acceptance (harness.run.spec_decode.LEVEL_COLUMNS); optional."""
-
 GSM8K_REFERENCE_PCT = 94.768
 GSM8K_REFERENCE = f"{GSM8K_REFERENCE_PCT} % GSM8K exact_match on GLM-5.2 NVFP4 (upstream figure)"
 MTP_REFERENCE_PCT = 79.1
@@ -506,19 +456,8 @@ MTP_REFERENCE = f"{MTP_REFERENCE_PCT} % MTP acceptance rate (upstream figure)"
 GSM8K_FILTERS = ("strict-match", "flexible-extract")
 
 
-def _read_json(path: Path) -> Any:
-    """JSON of ``path`` or None when absent. Raises RunDirError when the file exists but is not JSON."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise records.RunDirError(f"{path}: not valid JSON ({error}); re-run that step with --resume") from error
-
-
-def _is_gpu_scenario(manifest: Mapping[str, Any]) -> bool:
-    scenario = manifest.get("scenario")
-    return isinstance(scenario, Mapping) and scenario.get("platform") == "cuda"
+def _is_gpu_scenario(manifest: Manifest) -> bool:
+    return manifest.scenario_value("platform") == "cuda"
 
 
 def _pct(value: Any) -> float | None:
@@ -613,11 +552,11 @@ def _per_pos(cell: Any) -> list[float]:
     return [v for v in values if v is not None]
 
 
-def mtp_section(levels, manifest: Mapping[str, Any]) -> dict[str, Any] | str | None:
+def mtp_section(levels, manifest: Manifest) -> dict[str, Any] | str | None:
     """The ``mtp`` section from the MTP columns of ``levels.csv``: one row per level × arm, and the reference on GPU
     scenarios. A run with MTP off says so; a run whose levels.csv has no acceptance yields None."""
-    scenario = manifest.get("scenario") if isinstance(manifest.get("scenario"), Mapping) else {}
-    mtp = scenario.get("mtp") if isinstance(scenario.get("mtp"), Mapping) else {}
+    mtp = manifest.scenario_value("mtp")
+    mtp = mtp if isinstance(mtp, Mapping) else {}
     if mtp and not mtp.get("num_speculative_tokens"):
         return "MTP is off in this run (mtp.num_speculative_tokens = 0)"
     present = [c for c in MTP_COLUMNS if c in levels.columns]
@@ -673,13 +612,13 @@ def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict
             "caption": "Acceptance length = 1 + accepted draft tokens / drafts over each level's measured window."}
 
 
-def load_sections(run_dir: Path, manifest: Mapping[str, Any], levels) -> dict[str, Any]:
-    """The GSM8K, parity and MTP sections read from ``run_dir`` (values None when the run has no such data)."""
-    run_dir = Path(run_dir)
+def load_sections(store: RunDir, manifest: Manifest, levels) -> dict[str, Any]:
+    """The GSM8K, parity and MTP sections read from the run directory (values None when it has no such data)."""
     gpu = _is_gpu_scenario(manifest)
+    gsm8k, parity = store.accuracy_summary(), store.parity_summary()
     return {
-        "gsm8k": gsm8k_section(_read_json(run_dir / ACCURACY_SUMMARY), gpu),
-        "parity": parity_section(_read_json(run_dir / PARITY_FILE)),
+        "gsm8k": gsm8k_section(gsm8k.model_dump(mode="json") if gsm8k is not None else None, gpu),
+        "parity": parity_section(parity.model_dump(mode="json") if parity is not None else None),
         "mtp": mtp_section(levels, manifest),
     }
 
@@ -707,53 +646,48 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
     Raises:
         RunDirError: the manifest is missing/unreadable, or a CSV exists but is unreadable or lacks a column.
     """
-    run_dir = Path(run_dir)
-    manifest = records.read_manifest(run_dir)
-    if not isinstance(manifest, dict):
-        raise records.RunDirError(f"{run_dir / records.MANIFEST}: not a JSON object; the file is corrupted")
-    levels = records.read_table(run_dir, records.LEVELS, records.LEVEL_COLUMNS)
-    requests = records.read_table(run_dir, records.REQUESTS, records.REQUEST_COLUMNS)
-    arms_manifest = manifest.get("arms") or {}
-    arms = [build_arm(name, arms_manifest.get(name) if isinstance(arms_manifest, Mapping) else None) for name in ARMS]
+    store = RunDir(run_dir)
+    manifest = store.manifest()
+    levels, requests = store.levels(), store.requests()
+    arms = [build_arm(name, manifest.arm(name)) for name in ARMS]
     level_views = build_levels(manifest, levels, requests)
-    differences = arm_differences(arms_manifest if isinstance(arms_manifest, Mapping) else {})
-    started, ended = _parse_time(manifest.get("started_at")), _parse_time(manifest.get("ended_at"))
+    differences = arm_differences(manifest.arm(BASELINE), manifest.arm(CANDIDATE))
+    started, ended = _parse_time(manifest.started_at), _parse_time(manifest.ended_at)
     elapsed = f"{(ended - started).total_seconds():,.0f} s" if started and ended else "—"
-    platform = manifest.get("platform") or {}
-    versions = manifest.get("versions") or {}
-    scenario = manifest.get("scenario")
+    platform = manifest.platform.model_dump()
+    scenario = manifest.scenario
     given = dict(sections or {})
     unknown = set(given) - set(SECTION_KEYS)
     if unknown:
         raise ValueError(f"unknown report sections {sorted(unknown)}; expected a subset of {SECTION_KEYS}")
-    for key, value in load_sections(run_dir, manifest, levels).items():
+    for key, value in load_sections(store, manifest, levels).items():
         given.setdefault(key, value)        # a section passed in wins over the run directory's files
     return {
-        "run_id": _show(manifest.get("run_id") or run_dir.name),
-        "status": _show(manifest.get("status")),
-        "schema_version": _show(manifest.get("schema_version")),
-        "started_at": _show(manifest.get("started_at")),
-        "ended_at": _show(manifest.get("ended_at")),
+        "run_id": _show(manifest.run_id or store.path.name),
+        "status": _show(manifest.status),
+        "schema_version": _show(store.version),
+        "started_at": _show(manifest.started_at),
+        "ended_at": _show(manifest.ended_at),
         "elapsed": elapsed,
-        "scenario_name": _show(manifest.get("scenario_name")),
-        "scenario_file": _show(manifest.get("scenario_file")),
-        "scenario_description": _show(scenario.get("description") or "") if isinstance(scenario, Mapping) else "",
-        "scenario_json": json.dumps(scenario, indent=2, default=str) if scenario is not None else "",
+        "scenario_name": _show(manifest.scenario_name),
+        "scenario_file": _show(manifest.scenario_file),
+        "scenario_description": _show(scenario.get("description") or ""),
+        "scenario_json": json.dumps(scenario, indent=2, default=str) if scenario else "",
         "model": model_label(manifest),
         "model_details": model_details(manifest),
-        "platform": [(str(k), _show(v)) for k, v in platform.items()] if isinstance(platform, Mapping) else [],
-        "platform_name": _show(platform.get("name")) if isinstance(platform, Mapping) else "—",
-        "device": _show(platform.get("device")) if isinstance(platform, Mapping) else "—",
-        "versions": [(str(k), _show(v)) for k, v in versions.items()] if isinstance(versions, Mapping) else [],
-        "git_sha": _show(manifest.get("git_sha")),
-        "notes": [_show(note) for note in (manifest.get("notes") or [])],
+        "platform": [(str(k), _show(v)) for k, v in platform.items() if v is not None],
+        "platform_name": _show(manifest.platform.name),
+        "device": _show(manifest.platform.device),
+        "versions": [(str(k), _show(v)) for k, v in manifest.versions.items()],
+        "git_sha": _show(manifest.git_sha),
+        "notes": [_show(note) for note in manifest.notes],
         "timing": _timing(manifest),
         "schedule": _schedule(manifest),
         "arms": arms,
         "levels": level_views,
         "differences": differences,
         "banners": _banners(manifest, arms, level_views, differences),
-        "files": _files(run_dir),
+        "files": store.listing(),
         "metrics": METRICS,
         "sections": {key: _lenient(given.get(key)) for key in SECTION_KEYS},
     }

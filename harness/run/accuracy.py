@@ -30,7 +30,6 @@ Statistics (per filter): accuracy ``p = mean(correct)``; stderr ``sqrt(Σ(x − 
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import json
 import math
@@ -43,18 +42,11 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 from harness.run import procs
 
+from harness.rundir import schema
 from harness.rundir import store as records
+from harness.rundir.schema import ACCURACY_ARM, ACCURACY_COLUMNS, ACCURACY_DIR
+from harness.rundir.store import RunDir
 from harness.run.scenario import REPO_ROOT
-
-ACCURACY_CSV = "accuracy.csv"
-ACCURACY_DIR = "accuracy"
-SUMMARY_FILE = "summary.json"
-ARM_FILE = "arm.json"
-
-ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct", "extracted", "target", "prompt_hash")
-"""``accuracy.csv``: ``question_id`` is lm-eval's ``doc_id`` (0-based index into test.jsonl); ``correct`` is 0/1
-(lm-eval's ``exact_match`` for that filter); ``extracted`` is the filtered answer; ``prompt_hash`` is lm-eval's hash of
-the full prompt (equal between the arms when the few-shot context is)."""
 
 FILTERS: tuple[str, ...] = ("strict-match", "flexible-extract")
 """The two filters of lm-eval's ``gsm8k`` task (``tasks/gsm8k/gsm8k.yaml``)."""
@@ -290,7 +282,7 @@ def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, da
         child_env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if api_key:
         child_env["OPENAI_API_KEY"] = api_key
-    log_path = run_dir / records.LOGS_DIR / f"{arm}-lm-eval.log"
+    log_path = RunDir(run_dir).log_path(f"{arm}-lm-eval.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result = ArmResult(arm=arm, status="running", task=task, source=data.source, num_fewshot=num_fewshot,
                        limit=limit, log=str(log_path.relative_to(run_dir)), command=argv)
@@ -326,7 +318,7 @@ def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, da
                       for name in sorted({row["filter"] for row in rows})}
     result.status = "done"
     _replace_arm_rows(run_dir, arm, rows)
-    records.atomic_write_json(out_dir / ARM_FILE, asdict(result))
+    records.atomic_write_json(out_dir / ACCURACY_ARM, asdict(result))
     return result
 
 
@@ -411,8 +403,7 @@ def arm_accuracy(rows: Sequence[Mapping[str, Any]], filter_name: str) -> dict[st
 
 
 def _replace_arm_rows(run_dir: Path, arm: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    kept = [row for row in read_rows(run_dir) if row["arm"] != arm]
-    records.atomic_write_text(run_dir / ACCURACY_CSV, records.rows_to_csv([*kept, *rows], ACCURACY_COLUMNS))
+    RunDir(run_dir).replace_accuracy_rows(arm, rows)
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -421,18 +412,7 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     Raises:
         records.RunDirError: the file lacks a column or holds a non-integer id/flag.
     """
-    path = Path(run_dir) / ACCURACY_CSV
-    if not path.is_file():
-        return []
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in ("arm", "question_id", "filter", "correct") if c not in (reader.fieldnames or [])]
-        if missing:
-            raise records.RunDirError(f"{path}: missing columns {missing}; the file is corrupted")
-        try:
-            return [{**row, "question_id": int(row["question_id"]), "correct": int(row["correct"])} for row in reader]
-        except ValueError as error:
-            raise records.RunDirError(f"{path}: {error}; the file is corrupted") from None
+    return RunDir(run_dir).accuracy_rows()
 
 
 # ------------------------------------------------------------------------------------------------ pairing
@@ -485,7 +465,7 @@ def summarize(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),
     failures = dict(failures or {})
     arm_info: dict[str, Any] = {}
     for arm in arms:
-        path = run_dir / ACCURACY_DIR / arm / ARM_FILE
+        path = run_dir / ACCURACY_DIR / arm / ACCURACY_ARM
         if arm in failures:
             arm_info[arm] = {"arm": arm, "status": f"failed: {failures[arm]}"}
         elif path.is_file():
@@ -499,14 +479,14 @@ def summarize(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),
     summary = {"status": status, "reason": reason, "arms": arm_info, "paired": pairs,
                "formula": "exact McNemar: b = right in baseline only, c = right in candidate only, "
                           "p = min(1, 2·P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2)"}
-    records.atomic_write_json(run_dir / ACCURACY_DIR / SUMMARY_FILE, summary)
+    RunDir(run_dir).write_json(schema.ACCURACY_SUMMARY, summary)
     return summary
 
 
 def record_skipped(run_dir: Path, reason: str) -> dict[str, Any]:
     """Write ``accuracy/summary.json`` saying GSM8K did not run and why (the report shows the reason)."""
     summary = {"status": "skipped", "reason": reason, "arms": {}, "paired": []}
-    records.atomic_write_json(Path(run_dir) / ACCURACY_DIR / SUMMARY_FILE, summary)
+    RunDir(run_dir).write_json(schema.ACCURACY_SUMMARY, summary)
     return summary
 
 
@@ -516,13 +496,7 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
     Raises:
         records.RunDirError: the file exists but is not valid JSON.
     """
-    path = Path(run_dir) / ACCURACY_DIR / SUMMARY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise records.RunDirError(f"{path}: not valid JSON ({error}); re-run GSM8K with --resume") from error
+    return RunDir(run_dir).read_json(schema.ACCURACY_SUMMARY, "re-run GSM8K with --resume")
 
 
 __all__ = [

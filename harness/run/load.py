@@ -2,7 +2,7 @@
 
 :class:`LoadClient` drives one long-lived ``python -m harness.run.loadgen`` child (vLLM imported once per run);
 :func:`parse_bench_result` turns a ``vllm bench serve --save-result --save-detailed`` JSON into one ``levels.csv``
-row and ``requests.csv`` rows (schema: :mod:`harness.rundir.store`).
+row and ``requests.csv`` rows (schema: :mod:`harness.rundir.schema`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(value) else value
 
 
-def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, repeat: int
+def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, round_: int, session: int | None = None
                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One vLLM bench result JSON → (``levels.csv`` row, ``requests.csv`` rows).
 
@@ -124,14 +124,14 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, repe
         e2el_ms = data["latencies"][index] * 1000.0 if not error else None
         tpot_ms = (e2el_ms - ttft_ms) / (output_len - 1) if (not error and output_len > 1) else None
         requests.append({
-            "arm": arm, "concurrency": concurrency, "repeat": repeat, "index": index,
+            "arm": arm, "session": session, "round": round_, "concurrency": concurrency, "index": index,
             "input_len": int(data["input_lens"][index]), "output_len": output_len,
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms,
             "start_s": (starts[index] - first) if (starts[index] is not None and first is not None) else None,
             "error": error.strip().splitlines()[-1][:300] if error else "",
         })
     level = {
-        "arm": arm, "concurrency": concurrency, "repeat": repeat,
+        "arm": arm, "session": session, "round": round_, "concurrency": concurrency,
         "completed": int(data["completed"]), "failed": int(data.get("failed", count - int(data["completed"]))),
         "duration_s": float(data["duration"]),
         "output_throughput": float(data["output_throughput"]),

@@ -27,10 +27,10 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from harness.rundir import schema
 from harness.rundir import store as records
+from harness.rundir.store import RunDir
 
-PARITY_DIR = "parity"
-PARITY_FILE = "parity.json"
 
 DEFAULT_NEAR_TIE_TOL = 0.05
 """Nats. bfloat16 keeps 8 significant bits (relative rounding 2⁻⁹ ≈ 0.2 %), so two execution paths of one model can
@@ -228,7 +228,7 @@ def compare(baseline: Sequence[Mapping[str, Any]], candidate: Sequence[Mapping[s
 # ------------------------------------------------------------------------------------------------- run-dir files
 def arm_path(run_dir: Path, arm: str) -> Path:
     """``<run_dir>/parity/<arm>.json``."""
-    return Path(run_dir) / PARITY_DIR / f"{arm}.json"
+    return RunDir(run_dir).file(f"{schema.PARITY_DIR}/{arm}.json")
 
 
 def save_arm(run_dir: Path, arm: str, rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any] | None = None
@@ -256,9 +256,7 @@ def load_arm(run_dir: Path, arm: str) -> list[dict[str, Any]] | None:
 
 def save_comparison(run_dir: Path, result: Mapping[str, Any]) -> Path:
     """Write :func:`compare`'s result to ``<run_dir>/parity.json`` atomically; returns the path."""
-    path = Path(run_dir) / PARITY_FILE
-    records.atomic_write_json(path, dict(result))
-    return path
+    return RunDir(run_dir).write_json(schema.PARITY, dict(result))
 
 
 def load_comparison(run_dir: Path) -> dict[str, Any] | None:
@@ -267,13 +265,7 @@ def load_comparison(run_dir: Path) -> dict[str, Any] | None:
     Raises:
         records.RunDirError: the file exists but is not valid JSON.
     """
-    path = Path(run_dir) / PARITY_FILE
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as error:
-        raise records.RunDirError(f"{path}: not valid JSON ({error}); re-run the parity check") from error
+    return RunDir(run_dir).read_json(schema.PARITY, "re-run the parity check")
 
 
 def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, headers: Mapping[str, str] | None = None,

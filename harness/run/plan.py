@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsa_route import routing
+from harness.rundir.schema import LevelKey
 from harness.run.machine import Machine
 from harness.run.scenario import Scenario, resolve_path
 
@@ -59,9 +60,9 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     scenario_file: str = ""   # the TOML the scenario came from (manifest ``scenario_file``)
 
-    def levels(self) -> list[tuple[int, int]]:
-        """(concurrency, repeat) pairs in sweep order."""
-        return [(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
+    def levels(self) -> list[LevelKey]:
+        """(concurrency, round) pairs in sweep order: every concurrency of round 0, then of round 1, …"""
+        return [LevelKey(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
 
     def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path,
                    served_model_name: str | None = None) -> list[str]:
@@ -78,7 +79,7 @@ class Plan:
             "--max-concurrency", str(concurrency), "--request-rate", "inf", "--num-warmups", str(work.warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", BENCH_PERCENTILES,
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
-            "--result-filename", level_filename(arm.name, concurrency, repeat), "--disable-tqdm",
+            "--result-filename", LevelKey(concurrency, repeat).raw_name(arm.name), "--disable-tqdm",
         ]
 
 
@@ -91,16 +92,6 @@ def vllm_executable() -> str:
     if sibling.exists():
         return str(sibling)
     return shutil.which("vllm") or "vllm"
-
-
-def level_key(concurrency: int, repeat: int) -> str:
-    """Manifest key of a level: ``c<concurrency>-r<repeat>``."""
-    return f"c{concurrency}-r{repeat}"
-
-
-def level_filename(arm: str, concurrency: int, repeat: int) -> str:
-    """Raw result file name of a level."""
-    return f"{arm}-{level_key(concurrency, repeat)}.json"
 
 
 def check_machine(scenario: Scenario, machine: Machine) -> None:

@@ -21,9 +21,12 @@ import requests
 
 from harness.run import accuracy, attest, machine as machine_mod, parity, procs, spec_decode
 
-from harness.rundir import store as records
+from harness.rundir import schema
+from harness.rundir.schema import LevelKey, Manifest
+from harness.rundir import store as rundir_store
+from harness.rundir.store import RunDir
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
-from harness.run.plan import ArmPlan, Plan, level_filename, level_key
+from harness.run.plan import ArmPlan, Plan
 from harness.run.scenario import REPO_ROOT
 from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
@@ -72,26 +75,20 @@ def _redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule(plan: Plan) -> list[tuple[str, int, int]]:
-    """(arm, concurrency, repeat) in run order.
+    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`.
 
-    Sequential servers: ABBA blocks over repeats (r0: A then B; r1: B then A; …), each block all levels of one arm.
-    Concurrent servers: both arms stay up and alternate per level in ABBA order, so drift hits both arms alike.
+    Sequential servers: ABBA blocks over rounds (r0: A then B; r1: B then A; …), each block all levels of one arm
+    (one server session per block). Concurrent servers: the arms stay up (one session each) and alternate per level
+    in ABBA order, so drift hits both arms alike.
     """
     names = [arm.name for arm in plan.arms]
-    order: list[tuple[str, int, int]] = []
-    work = plan.scenario.workload
+    levels = plan.levels()
     if plan.scenario.serve.concurrent_servers:
-        step = 0
-        for repeat in range(work.repeats):
-            for concurrency in work.concurrency:
-                pair = names if step % 2 == 0 else names[::-1]
-                order += [(name, concurrency, repeat) for name in pair]
-                step += 1
-    else:
-        for repeat in range(work.repeats):
-            for name in (names if repeat % 2 == 0 else names[::-1]):
-                order += [(name, concurrency, repeat) for concurrency in work.concurrency]
-    return order
+        return [(name, key.concurrency, key.round) for step, key in enumerate(levels)
+                for name in (names if step % 2 == 0 else names[::-1])]
+    rounds = sorted({key.round for key in levels})
+    return [(name, key.concurrency, key.round) for round_ in rounds
+            for name in (names if round_ % 2 == 0 else names[::-1]) for key in levels if key.round == round_]
 
 
 def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
@@ -104,7 +101,7 @@ def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
     run_dir = out_dir / run_id
     try:
         run_dir.mkdir(parents=True, exist_ok=False)
-        records.atomic_write_text(run_dir / ".write-test", "ok")
+        rundir_store.atomic_write_text(run_dir / ".write-test", "ok")
         (run_dir / ".write-test").unlink()
     except OSError as error:
         raise RunError(f"cannot write results to {run_dir} ({error.strerror or error}); "
@@ -116,9 +113,10 @@ class Runner:
     """Runs one comparison into ``run_dir``. Use :meth:`run`."""
 
     def __init__(self, plan: Plan, run_dir: Path, options: RunOptions, console: Console | None = None,
-                 resume_manifest: dict[str, Any] | None = None):
+                 resume_manifest: Manifest | None = None):
         self.plan = plan
         self.run_dir = run_dir
+        self.store = RunDir(run_dir)
         self.options = options
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
@@ -127,24 +125,21 @@ class Runner:
                        "client_import_s": 0.0}
         self.gsm8k_failures: dict[str, str] = {}
         self.manifest = self._initial_manifest() if resume_manifest is None else self._resumed(resume_manifest)
+        self.arms = {entry["name"]: entry for entry in self.manifest["arms"]}   # the same dicts, by name
 
-    def _resumed(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _resumed(self, stored: Manifest) -> dict[str, Any]:
         """The stored manifest with every level that is not ``done`` set back to pending, and the CSVs cut back to
         the rows of done levels (a crash between the two CSV appends leaves no orphan rows)."""
+        manifest = stored.model_dump(mode="json")
         done = set()
-        for arm, entry in manifest["arms"].items():
+        for entry in manifest["arms"]:
             for key, level in entry["levels"].items():
-                if level.get("status") == "done":
-                    done.add((arm, key))
-                else:
+                if level.get("status") == "done" and LevelKey.parse(key) is not None:
+                    done.add((entry["name"], LevelKey.parse(key)))
+                elif level.get("status") != "done":
                     entry["levels"][key] = {"status": "pending", "previous": level.get("status")}
-        for name, columns in ((records.LEVELS, records.LEVEL_COLUMNS), (records.REQUESTS, records.REQUEST_COLUMNS)):
-            if (self.run_dir / name).exists():
-                frame = records.read_table(self.run_dir, name, columns)
-                keep = [(arm, level_key(int(c), int(r))) in done
-                        for arm, c, r in zip(frame["arm"], frame["concurrency"], frame["repeat"])]
-                records.atomic_write_text(self.run_dir / name, frame[keep].to_csv(index=False))
-        manifest.setdefault("resumed_at", []).append(_now())
+        self.store.keep_levels(done)
+        manifest["resumed_at"].append(_now())
         manifest["status"] = "running"
         return manifest
 
@@ -152,34 +147,44 @@ class Runner:
     def _initial_manifest(self) -> dict[str, Any]:
         plan = self.plan
         first_c, first_r = plan.levels()[0]
-        arms = {}
+        arms = []
         for arm in plan.arms:
-            arms[arm.name] = {
-                "route": arm.route, "description": arm.description, "decision": arm.decision,
+            arms.append({
+                "name": arm.name, "route": arm.route, "description": arm.description, "decision": arm.decision,
                 "unavailable": list(arm.unavailable),
                 "server_command": arm.server_argv("<port>"), "server_env": redact_env(arm.server_env),
                 "bench_command": plan.bench_argv(arm, first_c, first_r, "http://127.0.0.1:<port>",
-                                                self.run_dir / records.RAW_DIR),
+                                                self.run_dir / schema.RAW_DIR),
                 "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
-                "server_start_s": None, "base_url": None,
-                "levels": {level_key(c, r): {"status": "pending"} for c, r in plan.levels()},
-            }
+                "server_start_s": None, "base_url": None, "placement": None, "injection": None, "sessions": [],
+                "levels": {str(key): {"status": "pending"} for key in plan.levels()},
+            })
         return {
-            "schema_version": records.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
+            "schema_version": schema.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
             "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
             "scenario_file": plan.scenario_file,
             "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")),
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": _load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {},
+            "timing": {}, "resumed_at": [],
         }
 
     def _save(self) -> None:
-        records.atomic_write_json(self.run_dir / records.MANIFEST, self.manifest)
+        self.store.write_manifest(self.manifest)
 
     def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
-        return self.manifest["arms"][arm]["levels"][level_key(concurrency, repeat)]
+        return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
+
+    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str) -> None:
+        """Record a server session of the arm ``entry``: the levels measured from now on belong to it."""
+        entry["sessions"].append({"index": len(entry["sessions"]), "started_at": _now(),
+                                  "server_start_s": round(ready_s, 2), "base_url": base_url})
+        entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
+
+    def _session(self, arm: str) -> int | None:
+        sessions = self.arms[arm]["sessions"]
+        return sessions[-1]["index"] if sessions else None
 
     # ----------------------------------------------------------------------------------------------- servers
     def _server_env(self, arm: ArmPlan) -> dict[str, str]:
@@ -188,14 +193,13 @@ class Runner:
     def _start_server(self, arm: ArmPlan) -> VllmServer:
         port = free_port()
         server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
-                            self.run_dir / records.LOGS_DIR / f"{arm.name}-server.log",
+                            self.store.log_path(f"{arm.name}-server.log"),
                             api_key=os.environ.get("VLLM_API_KEY"))
         self.console.print(f"[bold]{arm.name}[/]: starting vllm serve on port {port} (log {server.log_path})")
         ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
         self.timing["server_start_s"] += ready_s
-        entry = self.manifest["arms"][arm.name]
-        entry["server_start_s"] = round(ready_s, 2)
-        entry["base_url"] = server.base_url
+        entry = self.arms[arm.name]
+        self._new_session(entry, ready_s, server.base_url)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
         mismatches = attest.compare_paths(arm.intended, observed)
         entry["observed"] = observed
@@ -214,8 +218,9 @@ class Runner:
         observed = {"served_models": served_models(server.base_url, server.headers),
                     "server_version": server_version(server.base_url, server.headers),
                     "spec_decode_metrics": any(k.startswith("vllm:spec_decode") for k in metrics)}
-        entry = self.manifest["arms"][arm.name]
-        entry.update(base_url=url, server_start_s=round(ready_s, 2), observed=observed, server_command=None)
+        entry = self.arms[arm.name]
+        self._new_session(entry, ready_s, url)
+        entry.update(observed=observed, server_command=None)
         entry["attestation"] = {
             "valid": None, "mismatches": [], "not_checked": attest.not_observed(arm.intended, observed),
             "note": "server started by other tooling: only /v1/models, /version and /metrics were read; the model "
@@ -271,7 +276,7 @@ class Runner:
         spec, data = self.plan.scenario.accuracy, self.options.gsm8k
         if not spec.enabled or data is None or data.source == "skip":
             return
-        if (self.run_dir / accuracy.ACCURACY_DIR / arm / accuracy.ARM_FILE).is_file():   # resumed run: done
+        if self.store.file(f"{schema.ACCURACY_DIR}/{arm}/{schema.ACCURACY_ARM}").is_file():   # resumed run: done
             return
         self.console.print(f"[bold]{arm}[/]: GSM8K through lm-eval ({spec.num_fewshot}-shot, limit {spec.limit})")
         started = time.monotonic()
@@ -303,7 +308,7 @@ class Runner:
     def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
                    repeat: int,
                    progress: Progress, task) -> None:
-        raw_dir = self.run_dir / records.RAW_DIR
+        raw_dir = self.run_dir / schema.RAW_DIR
         raw_dir.mkdir(exist_ok=True)
         argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir, server.served_model_name)
         total = self.plan.scenario.workload.num_prompts(concurrency) + self.plan.scenario.workload.warmups
@@ -313,21 +318,20 @@ class Runner:
         def tick() -> None:
             progress.update(task, completed=max(0.0, _successes(server) - before))
 
-        reply = client.run(argv, self.run_dir / records.LOGS_DIR / f"{arm.name}-bench.log",
+        reply = client.run(argv, self.store.log_path(f"{arm.name}-bench.log"),
                            self.plan.scenario.workload.level_timeout_s, on_tick=tick)
         self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
         if not reply["ok"]:
             raise LevelError(f"benchmark failed: {reply['error']}")
         if not server.alive():
             raise LevelError("server died during the level")
-        raw = raw_dir / level_filename(arm.name, concurrency, repeat)
-        bench = read_bench_json(raw)
-        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat)
+        bench = read_bench_json(self.store.raw_path(arm.name, LevelKey(concurrency, repeat)))
+        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat, self._session(arm.name))
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
-        records.append_rows(self.run_dir / records.REQUESTS, request_rows, records.REQUEST_COLUMNS)
-        records.append_rows(self.run_dir / records.LEVELS, [level_row], records.LEVEL_COLUMNS)
+        self.store.append_requests(request_rows)
+        self.store.append_levels([level_row])
         progress.update(task, completed=total)
         self.console.print(f"{arm.name} c={concurrency} r={repeat}: {level_row['completed']} ok, "
                            f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
@@ -341,8 +345,8 @@ class Runner:
         client_env = dict(os.environ)
         if os.environ.get("VLLM_API_KEY"):  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
             client_env["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
-        client = LoadClient(client_env, self.run_dir / records.LOGS_DIR / "bench-client.log")
-        (self.run_dir / records.LOGS_DIR).mkdir(exist_ok=True)
+        client = LoadClient(client_env, self.store.log_path("bench-client.log"))
+        self.store.log_path("").mkdir(exist_ok=True)
         status = "failed"
         order = schedule(self.plan)
         last_of = {name: index for index, (name, _, _) in enumerate(order)}
@@ -369,7 +373,7 @@ class Runner:
                     entry["status"] = "failed: interrupted during this level"   # until it finishes
                     try:
                         self._run_level(client, arms[name], server, concurrency, repeat, progress, task)
-                        entry["status"] = "done"
+                        entry["status"], entry["session"] = "done", self._session(name)
                     except (LevelError, ValueError) as error:
                         entry["status"] = f"failed: {error}"
                         self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {escape(str(error))}[/]")
@@ -379,12 +383,12 @@ class Runner:
                             self.dead_arms[name] = "an earlier level failed (use --continue-on-error to go on)"
                     entry["wall_s"] = round(time.monotonic() - level_started, 2)
                     entry["finished_at"] = _now()
-                    entry["raw"] = f"{records.RAW_DIR}/{level_filename(name, concurrency, repeat)}"
+                    entry["raw"] = f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}"
                     self._save()
                     if index == last_of[name] and server.alive():
                         self._gsm8k(name, server)
             self._finish_accuracy()
-            all_done = all(level["status"] == "done" for arm in self.manifest["arms"].values()
+            all_done = all(level["status"] == "done" for arm in self.manifest["arms"]
                            for level in arm["levels"].values())
             status = "done" if all_done else "failed"
         except (KeyboardInterrupt, procs.Interrupted):
@@ -402,7 +406,7 @@ class Runner:
                 "harness_overhead_s": round(wall - measured, 2),
                 "harness_share": round((wall - measured) / wall, 4) if wall > 0 else None,
             }
-            for arm in self.manifest["arms"].values():
+            for arm in self.manifest["arms"]:
                 for level in arm["levels"].values():
                     if level["status"] == "pending":
                         level["status"] = "skipped: run stopped before this level"

@@ -41,14 +41,14 @@ import math
 import time
 from typing import Any, Mapping
 
-from harness.rundir import store as records
+from harness.rundir import schema
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
-LEVEL_COLUMNS: tuple[str, ...] = records.MTP_COLUMNS
+LEVEL_COLUMNS: tuple[str, ...] = schema.MTP_COLUMNS
 """Columns this module adds to a ``levels.csv`` row (see :func:`level_fields`); defined in :mod:`harness.rundir.store`."""
 
 

@@ -1,45 +1,10 @@
-"""The results schema: the one contract between the run (load), the report and the gate.
+"""The one reader and writer of run directories: :class:`RunDir` (schema: :mod:`harness.rundir.schema`).
 
-A run directory ``results/<run-id>/`` holds:
-
-- ``manifest.json``   — :class:`Manifest` as JSON: scenario as resolved, arms (intended and observed path, exact server
-  and benchmark commands, env), versions, platform, git sha, times, per-arm/level status.
-- ``levels.csv``      — one row per arm × concurrency × repeat, columns :data:`LEVEL_COLUMNS`.
-- ``requests.csv``    — one row per request, columns :data:`REQUEST_COLUMNS`.
-- ``raw/<arm>-c<concurrency>-r<repeat>.json`` — vLLM's own ``vllm bench serve`` result JSON (``--save-detailed``).
-- ``logs/<arm>-server.log`` — the server's stdout+stderr.
-- ``report.html`` (and later ``verdict.json``, ``summary.md``).
-
-``manifest.json`` keys (schema_version 1)::
-
-    schema_version, run_id, status ("running" | "done" | "failed" | "interrupted"), started_at, ended_at (ISO 8601 UTC),
-    scenario_name, scenario_file, scenario (the resolved scenario as a dict),
-    platform {name: "cpu"|"cuda", device: str (CPU or GPU model), cpu_count, gpu_count, has_triton,
-              load_avg_at_start, load_avg_at_end: "1m / 5m / 15m" load averages (noise context)},
-    versions {dsa_bench, vllm, torch, python}, git_sha,
-    notes [str]                       # plain-language notes for the report (e.g. what the CPU build cannot do)
-    arms {
-      "<arm>": {                       # "baseline" then "candidate"
-        route, description,            # route = "baseline" | "candidate"
-        decision {...},                # dsa_route.routing.RouteDecision.to_dict()
-        unavailable [str],             # knobs "not available on this platform"
-        server_command [str], server_env {str: str},
-        bench_command [str],           # `vllm bench serve ...` argv for one level ({concurrency}, {num_prompts} filled)
-        intended {model_runner, compilation_mode, cudagraph_mode, breakable_cudagraph},
-        observed {...},                # harness.run.attest.observe_from_log() of the server log
-        attestation {valid: bool, mismatches [str]},
-        server_start_s,                # seconds from spawn to the first successful completion
-        base_url,
-        levels {"c<concurrency>-r<repeat>": {status: "done" | "failed: <reason>" | "skipped", wall_s, raw}}
-      }
-    },
-    timing {wall_s, server_start_s, benchmark_s, harness_overhead_s}   # harness share = overhead / wall
-
-Units are in the column names (``_ms`` milliseconds, ``_s`` seconds, throughputs in tokens/s or requests/s).
-TPOT per request = (E2EL − TTFT) / (output_len − 1) with output_len counted by the server (vLLM
-``benchmarks/serve.py`` definition); requests with output_len ≤ 1 have no TPOT (empty cell).
-
-Every write is atomic (temp file + ``os.replace``) so a crash never leaves a half-written file.
+Every write is atomic (temp file in the same directory + ``os.replace``), so a crash never leaves a half-written
+file. Every read is typed: ``manifest.json`` as a :class:`~harness.rundir.schema.Manifest`, the CSVs as pandas frames
+with the schema's columns. A version-1 run directory (dsa-bench before the typed schema) is read through
+:func:`upgrade_v1` (arms map → list, ``repeat`` → ``round``, sessions inferred from how servers were scheduled);
+any other version is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -53,44 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 1
+from pydantic import BaseModel, ValidationError
 
-LEVEL_COLUMNS: tuple[str, ...] = (
-    "arm", "concurrency", "repeat", "completed", "failed", "duration_s",
-    "output_throughput", "total_token_throughput", "request_throughput",
-    "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-    "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-    "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
-    "max_concurrent_requests", "client_cpu_util",
-    # MTP acceptance over the measured window (vLLM's bench reads /metrics after its warmups; empty with MTP off):
-    "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "acceptance_rate", "acceptance_length",
-    "acceptance_per_pos",
-)
-"""``levels.csv`` columns. ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds. Throughputs: output and total tokens/s, requests/s; latencies in ms."""
-
-REQUEST_COLUMNS: tuple[str, ...] = (
-    "arm", "concurrency", "repeat", "index", "input_len", "output_len",
-    "ttft_ms", "tpot_ms", "e2el_ms", "start_s", "error",
-)
-"""``requests.csv`` columns. ``start_s`` is the request's start relative to the level's first request (seconds)."""
-
-MTP_COLUMNS: tuple[str, ...] = LEVEL_COLUMNS[LEVEL_COLUMNS.index("spec_drafts"):]
-"""MTP columns: drafts, draft tokens, accepted tokens (counts); acceptance_rate = accepted / draft tokens (0..1);
-acceptance_length = 1 + accepted / drafts (tokens per target step); acceptance_per_pos = per-position rates, ``;``-joined."""
-
-OPTIONAL_COLUMNS: frozenset[str] = frozenset({"max_concurrent_requests", "client_cpu_util", *MTP_COLUMNS})
-"""Columns added after schema version 1's first release, or that a run may not produce; readers tolerate absence."""
-
-MANIFEST = "manifest.json"
-LEVELS = "levels.csv"
-REQUESTS = "requests.csv"
-RAW_DIR = "raw"
-LOGS_DIR = "logs"
-REPORT = "report.html"
+from harness.rundir import schema
+from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, LevelKey, LevelRow,
+                                   Manifest, RequestRow)
 
 
 class RunDirError(Exception):
     """A run directory is missing, empty or holds unreadable files; the message names the file and the fix."""
+
+
+class SchemaError(RunDirError):
+    """A file parses but does not follow the schema (a wrong type, a missing field); the message names the file."""
 
 
 def finite_float(value: Any) -> float | None:
@@ -121,70 +61,386 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def _clean(value: Any) -> Any:
+    """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None, numpy scalars → Python."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, BaseModel):
+        return _clean(value.model_dump(mode="json"))
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        return _clean(value.item())
+    return value
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented, strict JSON text (see :func:`_clean`)."""
+    return json.dumps(_clean(data), indent=2, ensure_ascii=False, allow_nan=False, default=str) + "\n"
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON atomically (see :func:`atomic_write_text`)."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    atomic_write_text(path, json_text(data))
 
 
-def rows_to_csv(rows: Iterable[Mapping[str, Any]], columns: tuple[str, ...]) -> str:
+def rows_to_csv(rows: Iterable[Mapping[str, Any] | BaseModel], columns: tuple[str, ...]) -> str:
     """Render ``rows`` as CSV text with exactly ``columns`` (missing keys → empty cells, extra keys ignored)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     for row in rows:
+        row = row.model_dump() if isinstance(row, BaseModel) else row
         writer.writerow({column: ("" if row.get(column) is None else row.get(column)) for column in columns})
     return buffer.getvalue()
 
 
-def append_rows(path: Path, rows: Iterable[Mapping[str, Any]], columns: tuple[str, ...]) -> None:
-    """Append ``rows`` to the CSV at ``path`` by rewriting it atomically (header written once)."""
-    existing = path.read_text(encoding="utf-8") if path.exists() else ""
-    fresh = rows_to_csv(rows, columns)
-    if existing:
-        fresh = fresh.split("\n", 1)[1]
-    atomic_write_text(path, existing + fresh)
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
+    return f"{where}: {first.get('msg')}"
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """Read ``manifest.json`` of ``run_dir``.
+# ----------------------------------------------------------------------------------------------------- version 1
 
-    Raises:
-        RunDirError: the directory or the manifest is missing or not valid JSON.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir}: no such run directory; pass a directory written by `dsa-bench compare`")
-    path = run_dir / MANIFEST
-    if not path.is_file():
-        raise RunDirError(f"{path}: missing; {run_dir} is not a dsa-bench run directory (run `dsa-bench compare`)")
+
+def _v1_session(scenario: Mapping[str, Any], round_: int) -> int:
+    """The server session a version-1 level ran in: concurrent servers stay up for the run (session 0), sequential
+    servers restart per ABBA block, one block per round."""
+    serve = scenario.get("serve") if isinstance(scenario.get("serve"), Mapping) else {}
+    return 0 if serve.get("concurrent_servers", False) else int(round_)
+
+
+def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A version-1 ``manifest.json`` (arms as a map keyed by name, no sessions) as version-2 data."""
+    scenario = data.get("scenario") if isinstance(data.get("scenario"), Mapping) else {}
+    arms = []
+    raw_arms = data.get("arms") if isinstance(data.get("arms"), Mapping) else {}
+    for name, arm in raw_arms.items():
+        if not isinstance(arm, Mapping):
+            continue
+        levels = {}
+        for key, level in (arm.get("levels") or {}).items():
+            parsed = LevelKey.parse(key)
+            level = dict(level) if isinstance(level, Mapping) else {"status": str(level)}
+            if parsed is not None and level.get("status") == "done":
+                level.setdefault("session", _v1_session(scenario, parsed.round))
+            levels[key] = level
+        sessions = sorted({level["session"] for level in levels.values() if level.get("session") is not None})
+        arms.append({**arm, "name": name, "levels": levels,
+                     "sessions": [{"index": index, "base_url": arm.get("base_url")} for index in sessions]})
+    return {**data, "schema_version": 2, "arms": arms}
+
+
+def upgrade_v1_frame(frame, scenario: Mapping[str, Any]):
+    """A version-1 ``levels.csv``/``requests.csv`` frame with ``repeat`` renamed ``round`` and ``session`` added."""
+    if "repeat" in frame.columns and "round" not in frame.columns:
+        frame = frame.rename(columns={"repeat": "round"})
+    if "session" not in frame.columns and "round" in frame.columns:
+        frame["session"] = [None if finite_float(r) is None else _v1_session(scenario, int(float(r)))
+                            for r in frame["round"]]
+    return frame
+
+
+# ----------------------------------------------------------------------------------------------------- RunDir
+
+
+class RunDir:
+    """A run directory ``results/<run-id>/``: typed, atomic reads and writes of every file in it."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self._raw_manifest: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        """The path of ``name`` (a schema file name, or a relative path) inside the run directory."""
+        return self.path / name
+
+    def raw_path(self, arm: str, key: LevelKey) -> Path:
+        """``raw/<arm>-c<c>-r<r>.json``."""
+        return self.path / schema.RAW_DIR / key.raw_name(arm)
+
+    def log_path(self, name: str) -> Path:
+        """``logs/<name>``."""
+        return self.path / schema.LOGS_DIR / name
+
+    # ------------------------------------------------------------------------------------------- manifest
+    def _manifest_data(self) -> dict[str, Any]:
+        if not self.path.is_dir():
+            raise RunDirError(f"{self.path}: no such run directory; pass a directory written by `dsa-bench compare`")
+        path = self.file(schema.MANIFEST)
+        if not path.is_file():
+            raise RunDirError(f"{path}: missing; {self.path} is not a dsa-bench run directory (run `dsa-bench "
+                              f"compare`)")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RunDirError(f"{path}: not valid JSON ({error}); re-run `dsa-bench compare --resume "
+                              f"{self.path}`") from error
+        if not isinstance(data, dict):
+            raise RunDirError(f"{path}: not a JSON object; the file is corrupted")
+        return data
+
+    @property
+    def version(self) -> int | None:
+        """``schema_version`` of the manifest on disk (read once)."""
+        return self._raw().get("schema_version")
+
+    def _disk_version(self) -> int | None:
+        """The manifest's version, or None when there is no readable manifest (CSVs are then read as current)."""
+        try:
+            return self.version
+        except RunDirError:
+            return None
+
+    def _raw(self) -> dict[str, Any]:
+        if self._raw_manifest is None:
+            self._raw_manifest = self._manifest_data()
+        return self._raw_manifest
+
+    def manifest(self) -> Manifest:
+        """``manifest.json`` as a :class:`Manifest` (version 1 upgraded).
+
+        Raises:
+            RunDirError: no directory, no manifest, not JSON, or a schema version this code cannot read.
+            SchemaError: the manifest is JSON but breaks the schema (names the field).
+        """
+        self._raw_manifest = None
+        data = self._raw()
+        version = data.get("schema_version")
+        if version not in schema.READABLE_VERSIONS:
+            raise RunDirError(f"{self.file(schema.MANIFEST)}: schema_version {version!r} is not one this dsa-bench "
+                              f"reads ({', '.join(map(str, schema.READABLE_VERSIONS))}); use the dsa-bench that wrote "
+                              f"it")
+        if version == 1:
+            data = upgrade_v1(data)
+        try:
+            return Manifest.model_validate(data)
+        except ValidationError as error:
+            raise SchemaError(f"{self.file(schema.MANIFEST)}: {_first_error(error)}; the file is corrupted") from None
+
+    def write_manifest(self, manifest: Manifest | Mapping[str, Any]) -> Manifest:
+        """Validate ``manifest`` and write it (version 2); returns the typed manifest.
+
+        Raises:
+            SchemaError: ``manifest`` breaks the schema (a bug in the writer).
+        """
+        try:
+            typed = manifest if isinstance(manifest, Manifest) else Manifest.model_validate(manifest)
+        except ValidationError as error:
+            raise SchemaError(f"{self.file(schema.MANIFEST)}: refusing to write: {_first_error(error)}") from None
+        atomic_write_json(self.file(schema.MANIFEST), typed)
+        self._raw_manifest = None
+        return typed
+
+    # ------------------------------------------------------------------------------------------- tables
+    def _table(self, name: str, columns: tuple[str, ...], required: tuple[str, ...], numeric: bool):
+        import pandas as pd
+
+        path = self.file(name)
+        if not path.exists():
+            return pd.DataFrame(columns=list(columns))
+        try:
+            frame = pd.read_csv(path, keep_default_na=True, dtype={"error": object, "acceptance_per_pos": object})
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run the affected levels with --resume") from error
+        if self._disk_version() == 1:
+            frame = upgrade_v1_frame(frame, self._raw().get("scenario") or {})
+        missing = [column for column in required if column not in frame.columns]
+        if missing:
+            raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
+        for column in columns:
+            if column not in frame.columns:
+                frame[column] = float("nan")
+        frame = frame[list(columns) + [c for c in frame.columns if c not in columns]]
+        if numeric:
+            _numeric(frame, path, keys=tuple(c for c in ("round", "concurrency", "completed", "failed")
+                                             if c in required))
+        return frame
+
+    def levels(self, *, required: Iterable[str] = (), numeric: bool = False):
+        """``levels.csv`` as a DataFrame with :data:`LEVEL_COLUMNS` (absent optional columns empty; an empty frame
+        when the file does not exist yet). ``numeric``: every column but ``arm``/``acceptance_per_pos`` as numbers.
+
+        Raises:
+            RunDirError: the file exists but is unreadable, lacks a required column, or (``numeric``) holds text in
+                a number column or an empty key cell.
+        """
+        need = schema.REQUIRED_LEVEL_COLUMNS + tuple(c for c in required if c not in schema.REQUIRED_LEVEL_COLUMNS)
+        return self._table(schema.LEVELS, LEVEL_COLUMNS, need, numeric)
+
+    def requests(self, *, numeric: bool = False):
+        """``requests.csv`` as a DataFrame with :data:`REQUEST_COLUMNS` (see :meth:`levels`)."""
+        return self._table(schema.REQUESTS, REQUEST_COLUMNS, schema.REQUIRED_REQUEST_COLUMNS, numeric)
+
+    def accuracy(self):
+        """``accuracy.csv`` as a DataFrame (``question_id`` text, ``correct`` int), or None when absent.
+
+        Raises:
+            RunDirError: unreadable, a required column missing, or a ``correct`` cell that is not 0/1.
+        """
+        import pandas as pd
+
+        path = self.file(schema.ACCURACY)
+        if not path.exists():
+            return None
+        try:
+            frame = pd.read_csv(path, dtype={"question_id": str, "extracted": object, "target": object},
+                                keep_default_na=True)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
+            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run GSM8K for both arms") from error
+        missing = [c for c in schema.REQUIRED_ACCURACY_COLUMNS if c not in frame.columns]
+        if missing:
+            raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
+        return frame
+
+    def accuracy_rows(self) -> list[dict[str, Any]]:
+        """``accuracy.csv`` rows as dicts (``question_id`` and ``correct`` as int); empty when the file is absent.
+
+        Raises:
+            RunDirError: a required column missing, or a non-integer id/flag.
+        """
+        path = self.file(schema.ACCURACY)
+        if not path.is_file():
+            return []
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in schema.REQUIRED_ACCURACY_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted")
+            try:
+                return [{**row, "question_id": int(row["question_id"]), "correct": int(row["correct"])}
+                        for row in reader]
+            except (ValueError, TypeError) as error:
+                raise RunDirError(f"{path}: {error}; the file is corrupted") from None
+
+    def append_levels(self, rows: Iterable[LevelRow | Mapping[str, Any]]) -> None:
+        """Append rows to ``levels.csv`` (validated as :class:`LevelRow`)."""
+        self._append(schema.LEVELS, [_row(LevelRow, row) for row in rows], LEVEL_COLUMNS)
+
+    def append_requests(self, rows: Iterable[RequestRow | Mapping[str, Any]]) -> None:
+        """Append rows to ``requests.csv`` (validated as :class:`RequestRow`)."""
+        self._append(schema.REQUESTS, [_row(RequestRow, row) for row in rows], REQUEST_COLUMNS)
+
+    def replace_accuracy_rows(self, arm: str, rows: Iterable[AccuracyRow | Mapping[str, Any]]) -> None:
+        """``accuracy.csv`` with ``arm``'s earlier rows replaced by ``rows``."""
+        kept = [row for row in self.accuracy_rows() if row["arm"] != arm]
+        fresh = [_row(AccuracyRow, row) for row in rows]
+        atomic_write_text(self.file(schema.ACCURACY), rows_to_csv([*kept, *fresh], ACCURACY_COLUMNS))
+
+    def keep_levels(self, done: set[tuple[str, LevelKey]]) -> None:
+        """Cut ``levels.csv`` and ``requests.csv`` back to the rows of the ``done`` (arm, level) pairs, rewriting
+        them with the current columns (a resumed version-1 directory becomes version 2)."""
+        for name, frame, columns in ((schema.LEVELS, self.levels, LEVEL_COLUMNS),
+                                     (schema.REQUESTS, self.requests, REQUEST_COLUMNS)):
+            if not self.file(name).exists():
+                continue
+            table = frame()
+            keep = [(arm, LevelKey(int(c), int(r))) in done
+                    for arm, c, r in zip(table["arm"], table["concurrency"], table["round"])]
+            atomic_write_text(self.file(name), table[keep][list(columns)].to_csv(index=False))
+
+    def _append(self, name: str, rows: list[Mapping[str, Any]], columns: tuple[str, ...]) -> None:
+        path = self.file(name)
+        existing = path.read_text(encoding="utf-8") if path.exists() else ""
+        fresh = rows_to_csv(rows, columns)
+        if existing:
+            fresh = fresh.split("\n", 1)[1]
+        atomic_write_text(path, existing + fresh)
+
+    # ------------------------------------------------------------------------------------------- JSON documents
+    def read_json(self, name: str, fix: str = "re-run that step with --resume") -> Any:
+        """The JSON of ``name`` (relative path), or None when absent.
+
+        Raises:
+            RunDirError: the file exists but is not valid JSON (names the file and ``fix``).
+        """
+        path = self.file(name)
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise RunDirError(f"{path}: not valid JSON ({error}); {fix}") from error
+
+    def read_document(self, name: str, model: type[BaseModel], fix: str) -> Any:
+        """``name`` validated as ``model`` (None when absent).
+
+        Raises:
+            RunDirError: not JSON. SchemaError: JSON that breaks ``model``'s schema.
+        """
+        data = self.read_json(name, fix)
+        if data is None:
+            return None
+        try:
+            return model.model_validate(data)
+        except ValidationError as error:
+            raise SchemaError(f"{self.file(name)}: {_first_error(error)}; {fix}") from None
+
+    def write_json(self, name: str, data: Any) -> Path:
+        """Write ``data`` (a model or plain data) as JSON to ``name``; returns the path."""
+        path = self.file(name)
+        atomic_write_json(path, data)
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write ``text`` to ``name`` atomically; returns the path."""
+        path = self.file(name)
+        atomic_write_text(path, text)
+        return path
+
+    def accuracy_summary(self) -> schema.AccuracySummary | None:
+        """``accuracy/summary.json`` typed (None when absent)."""
+        return self.read_document(schema.ACCURACY_SUMMARY, schema.AccuracySummary, "re-run GSM8K with --resume")
+
+    def parity_summary(self) -> schema.ParitySummary | None:
+        """``parity.json`` typed (None when absent)."""
+        return self.read_document(schema.PARITY, schema.ParitySummary, "re-run the parity check")
+
+    def listing(self) -> list[tuple[str, int]]:
+        """``(relative path, bytes)`` of the files under ``raw/`` and ``logs/``."""
+        found = []
+        for sub in (schema.RAW_DIR, schema.LOGS_DIR):
+            folder = self.path / sub
+            if folder.is_dir():
+                found.extend((f"{sub}/{p.name}", p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
+        return found
+
+
+def _row(model: type[BaseModel], row: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` validated as ``model``, as a dict (ValueError names the column)."""
+    if isinstance(row, model):
+        return row.model_dump()
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise RunDirError(f"{path}: not valid JSON ({error}); re-run `dsa-bench compare --resume {run_dir}`") from error
+        return model.model_validate(dict(row)).model_dump()
+    except ValidationError as error:
+        raise ValueError(f"{model.__name__}: {_first_error(error)}") from None
 
 
-def read_table(run_dir: Path, name: str, columns: tuple[str, ...]):
-    """Read ``levels.csv`` or ``requests.csv`` into a pandas DataFrame, checking the header.
-
-    Columns in :data:`OPTIONAL_COLUMNS` may be absent (older run dirs, features off); they are added as empty.
-    Returns an empty frame with ``columns`` when the file does not exist yet (a run stopped before any level finished).
+def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
+    """Coerce every column but the text ones to numbers in place; empty cells stay NaN, text fails.
 
     Raises:
-        RunDirError: the file exists but is unreadable or lacks a required column.
+        RunDirError: text in a number column, or an empty ``keys`` cell.
     """
     import pandas as pd
 
-    path = Path(run_dir) / name
-    if not path.exists():
-        return pd.DataFrame(columns=list(columns))
+    text = ("arm", "error", "acceptance_per_pos")
+    column = ""
     try:
-        frame = pd.read_csv(path, keep_default_na=True)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise RunDirError(f"{path}: unreadable CSV ({error}); re-run the affected levels with --resume") from error
-    missing = [column for column in columns if column not in frame.columns and column not in OPTIONAL_COLUMNS]
-    if missing:
-        raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
-    for column in columns:
-        if column not in frame.columns:
-            frame[column] = float("nan")
-    return frame
+        for column in [c for c in frame.columns if c not in text]:
+            frame[column] = pd.to_numeric(frame[column], errors="raise")
+        frame["arm"] = frame["arm"].astype(str)
+    except (ValueError, TypeError) as error:
+        raise RunDirError(f"{path}: non-numeric {column} ({error}); the file is corrupted") from error
+    if keys and frame[list(keys)].isna().any().any():
+        raise RunDirError(f"{path}: empty {', '.join(keys)} cells; the file is corrupted")
+
+
+__all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "finite_float",
+           "json_text", "rows_to_csv", "upgrade_v1", "upgrade_v1_frame"]

@@ -1,0 +1,338 @@
+"""The run directory's schema: every file name, every column and the typed manifest (``schema_version`` 2).
+
+Pure: pydantic models and constants, no file access (that is :mod:`harness.rundir.store`). A run directory
+``results/<run-id>/`` holds:
+
+- ``manifest.json`` — :class:`Manifest`: the resolved scenario, one :class:`ArmRecord` per arm (a list, so a run
+  may compare more than two), versions, platform, git sha, times, per-arm and per-level status.
+- ``levels.csv`` — one :class:`LevelRow` per arm × session × round × concurrency (columns :data:`LEVEL_COLUMNS`).
+- ``requests.csv`` — one :class:`RequestRow` per request (columns :data:`REQUEST_COLUMNS`).
+- ``accuracy.csv`` — one :class:`AccuracyRow` per arm × GSM8K question × lm-eval filter; ``accuracy/<arm>/`` holds
+  lm-eval's own output and ``arm.json``; ``accuracy/summary.json`` the per-arm scores (:class:`AccuracySummary`).
+- ``parity/<arm>.json`` and ``parity.json`` — greedy outputs per arm and their comparison (:class:`ParitySummary`).
+- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result.
+- ``logs/`` — server, benchmark-client and lm-eval logs.
+- ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
+
+Replication hierarchy: arm → session (one ``vllm serve`` process; a new session each time the runner starts or
+connects to a server: one per arm per run with concurrent servers, one per block of levels with sequential
+servers, and a new one after ``--resume``) → round (one pass over the concurrency levels; version 1 called it
+``repeat``) → request.
+
+Units are in the column names (``_ms`` milliseconds, ``_s`` seconds, throughputs in tokens/s or requests/s). The
+level metrics are vLLM's own (``vllm/benchmarks/serve.py``: ``mean_tpot_ms`` is its mean over requests of
+(E2EL − TTFT) / (output_len − 1)); the per-request ``tpot_ms`` is the same formula per request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Manifest versions this code reads (1 through :func:`harness.rundir.store.upgrade_v1`)."""
+
+MANIFEST = "manifest.json"
+LEVELS = "levels.csv"
+REQUESTS = "requests.csv"
+ACCURACY = "accuracy.csv"
+ACCURACY_DIR = "accuracy"
+ACCURACY_ARM = "arm.json"                       # accuracy/<arm>/arm.json
+ACCURACY_SUMMARY = "accuracy/summary.json"
+PARITY = "parity.json"
+PARITY_DIR = "parity"                           # parity/<arm>.json
+RAW_DIR = "raw"
+LOGS_DIR = "logs"
+VERDICT = "verdict.json"
+SUMMARY = "summary.md"
+PYTORCH_JSON = "benchmark.pytorch.json"
+REPORT = "report.html"
+
+RunStatus = Literal["running", "done", "failed", "interrupted"]
+
+
+class LevelKey(NamedTuple):
+    """One level of a sweep: concurrency and round. ``str(key)`` is its manifest key ``c<concurrency>-r<round>``;
+    :meth:`parse` reads one back (the only place the format is built or parsed)."""
+
+    concurrency: int
+    round: int
+
+    def __str__(self) -> str:
+        return f"c{self.concurrency}-r{self.round}"
+
+    def raw_name(self, arm: str) -> str:
+        """The level's ``raw/`` file name for ``arm``."""
+        return f"{arm}-{self}.json"
+
+    @staticmethod
+    def parse(text: str) -> LevelKey | None:
+        """``"c4-r1"`` → ``LevelKey(4, 1)``; None for any other text."""
+        match = _LEVEL_KEY.match(str(text))
+        return LevelKey(int(match.group(1)), int(match.group(2))) if match else None
+
+
+_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
+
+
+class _Record(BaseModel):
+    """Frozen, and tolerant of keys a newer writer added (they are dropped on read)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+# ------------------------------------------------------------------------------------------------------- manifest
+
+
+class Attestation(_Record):
+    """Intended vs observed path of an arm: ``valid`` None when it could not be checked (``not_checked`` says what)."""
+
+    valid: bool | None = None
+    mismatches: tuple[str, ...] = ()
+    not_checked: tuple[str, ...] = ()
+    note: str | None = None
+
+
+class Placement(_Record):
+    """Where an arm's server ran. Not recorded yet (every field None): the placement issue fills it."""
+
+    cpu_cores: tuple[int, ...] | None = None
+    gpu_ids: tuple[int, ...] | None = None
+    node: str | None = None
+
+
+class Injection(_Record):
+    """A fault or slowdown injected into an arm on purpose (``kind`` and its parameters). Not used yet."""
+
+    kind: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionRecord(_Record):
+    """One server session of an arm: its index (0, 1, … per arm), start time and readiness."""
+
+    index: int
+    started_at: str | None = None
+    server_start_s: float | None = None
+    base_url: str | None = None
+
+
+class LevelRecord(_Record):
+    """Status of one level of one arm: ``status`` is "pending", "done", "failed: <reason>" or "skipped: <reason>"."""
+
+    status: str = "pending"
+    session: int | None = None
+    wall_s: float | None = None
+    finished_at: str | None = None
+    raw: str | None = None                      # relative path of the raw bench JSON
+    previous: str | None = None                 # the status before a --resume set it back to pending
+
+
+class ArmRecord(_Record):
+    """One arm: what was decided (route, decision, intended path), how it was launched, and what was observed."""
+
+    name: str
+    route: str
+    description: str = ""
+    decision: dict[str, Any] = Field(default_factory=dict)   # dsa_route.routing.RouteDecision.to_dict()
+    unavailable: tuple[str, ...] = ()           # knobs "not available on this platform"
+    server_command: tuple[str, ...] | None = None   # None: a server started by other tooling
+    server_env: dict[str, str] = Field(default_factory=dict)
+    bench_command: tuple[str, ...] | None = None     # the first level's `vllm bench serve` argv
+    intended: dict[str, Any] = Field(default_factory=dict)
+    observed: dict[str, Any] = Field(default_factory=dict)
+    attestation: Attestation = Attestation()
+    server_start_s: float | None = None         # the latest session's spawn → first successful completion
+    base_url: str | None = None
+    placement: Placement | None = None
+    injection: Injection | None = None
+    sessions: tuple[SessionRecord, ...] = ()
+    levels: dict[str, LevelRecord] = Field(default_factory=dict)   # str(LevelKey) → status
+
+    def level_items(self) -> list[tuple[LevelKey, LevelRecord]]:
+        """Levels with a parseable key, sorted by (concurrency, round)."""
+        found = [(LevelKey.parse(key), record) for key, record in self.levels.items()]
+        return sorted(((key, record) for key, record in found if key is not None), key=lambda item: item[0])
+
+
+class Platform(_Record):
+    """The machine: ``name`` "cpu" | "cuda", device model, counts, and the load averages around the run."""
+
+    name: str = "unknown"
+    device: str = ""
+    cpu_count: int | None = None
+    gpu_count: int | None = None
+    has_triton: bool | None = None
+    load_avg_at_start: str | None = None
+    load_avg_at_end: str | None = None
+
+
+class Manifest(_Record):
+    """``manifest.json``. ``scenario`` is the resolved scenario as a dict (``harness.run.scenario`` validates it)."""
+
+    schema_version: Literal[2] = SCHEMA_VERSION
+    run_id: str
+    status: RunStatus = "running"
+    started_at: str | None = None
+    ended_at: str | None = None
+    resumed_at: tuple[str, ...] = ()
+    scenario_name: str | None = None
+    scenario_file: str | None = None
+    scenario: dict[str, Any] = Field(default_factory=dict)
+    platform: Platform = Platform()
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    git_sha: str | None = None
+    notes: tuple[str, ...] = ()
+    schedule: tuple[tuple[str, int, int], ...] = ()      # (arm, concurrency, round) in run order
+    arms: tuple[ArmRecord, ...] = ()
+    timing: dict[str, float | None] = Field(default_factory=dict)
+
+    def arm(self, name: str) -> ArmRecord | None:
+        """The arm called ``name``, or None."""
+        return next((arm for arm in self.arms if arm.name == name), None)
+
+    def arm_for_route(self, route: str) -> ArmRecord | None:
+        """The first arm whose route is ``route`` ("baseline" | "candidate"), or None."""
+        return next((arm for arm in self.arms if arm.route == route), None)
+
+    def scenario_value(self, *path: str) -> Any:
+        """``scenario[path[0]][path[1]]…``, None where a key is missing or a value is not a table."""
+        value: Any = self.scenario
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    def model_name(self) -> str:
+        """The model the run served: the benchmark's ``--model``, else the scenario's ``model.id``."""
+        for arm in self.arms:
+            argv = list(arm.bench_command or ())
+            if "--model" in argv and argv.index("--model") + 1 < len(argv):
+                return str(argv[argv.index("--model") + 1])
+        model = self.scenario_value("model")
+        if isinstance(model, dict):
+            return str(model.get("id") or model.get("path") or model.get("name") or "unknown")
+        return str(model or "unknown")
+
+
+# ------------------------------------------------------------------------------------------------------- CSV rows
+
+
+class LevelRow(_Record):
+    """One ``levels.csv`` row: vLLM's level result (``vllm bench serve`` JSON) plus what dsa-bench measured around it.
+
+    ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds; ``max_concurrent_requests`` is vLLM's.
+    MTP columns (empty with MTP off): drafts, draft tokens, accepted tokens (counts over the measured window);
+    ``acceptance_rate`` = accepted / draft tokens (0..1); ``acceptance_length`` = 1 + accepted / drafts;
+    ``acceptance_per_pos`` = per-position rates, ``;``-joined.
+    """
+
+    arm: str
+    session: int | None = None
+    round: int
+    concurrency: int
+    completed: int
+    failed: int
+    duration_s: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    request_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    max_concurrent_requests: float | None = None
+    client_cpu_util: float | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    acceptance_rate: float | None = None
+    acceptance_length: float | None = None
+    acceptance_per_pos: str | None = None
+
+
+class RequestRow(_Record):
+    """One ``requests.csv`` row. TTFT and E2EL from vLLM's ``ttfts``/``latencies`` (ms); ``output_len`` counted by
+    the server; ``tpot_ms`` = (E2EL − TTFT) / (output_len − 1) for output_len > 1, else empty; ``start_s`` relative
+    to the level's first request; ``error`` empty on success."""
+
+    arm: str
+    session: int | None = None
+    round: int
+    concurrency: int
+    index: int
+    input_len: int
+    output_len: int
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    start_s: float | None = None
+    error: str = ""
+
+
+class AccuracyRow(_Record):
+    """One ``accuracy.csv`` row: ``question_id`` is lm-eval's ``doc_id`` (0-based index into test.jsonl),
+    ``correct`` 0/1 under ``filter`` ("strict-match" | "flexible-extract"), ``prompt_hash`` lm-eval's."""
+
+    arm: str
+    question_id: int
+    filter: str
+    correct: int
+    extracted: str | None = None
+    target: str | None = None
+    prompt_hash: str | None = None
+
+
+LEVEL_COLUMNS: tuple[str, ...] = tuple(LevelRow.model_fields)
+REQUEST_COLUMNS: tuple[str, ...] = tuple(RequestRow.model_fields)
+ACCURACY_COLUMNS: tuple[str, ...] = tuple(AccuracyRow.model_fields)
+MTP_COLUMNS: tuple[str, ...] = LEVEL_COLUMNS[LEVEL_COLUMNS.index("spec_drafts"):]
+REQUIRED_LEVEL_COLUMNS: tuple[str, ...] = ("arm", "round", "concurrency", "completed", "failed")
+REQUIRED_REQUEST_COLUMNS: tuple[str, ...] = ("arm", "round", "concurrency", "output_len", "ttft_ms", "tpot_ms",
+                                             "e2el_ms", "start_s", "error")
+REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct")
+
+
+# --------------------------------------------------------------------------------------------- summaries, verdict
+
+
+class _Open(BaseModel):
+    """A summary document: the named fields typed, further keys kept as written (the producer owns their shape)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class AccuracySummary(_Open):
+    """``accuracy/summary.json``: ``status`` "done" | "skipped"; per-arm scores (``arms``), paired rows per filter
+    (``paired``: difference in points, discordant counts, McNemar p); ``reason`` when skipped."""
+
+    status: str
+    reason: str | None = None
+    arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    paired: tuple[dict[str, Any], ...] = ()
+
+
+class ParitySummary(_Open):
+    """``parity.json``: greedy-output comparison of the arms (exact-match rate, first divergences, near ties)."""
+
+    exact_match_rate_pct: float | None = None
+    prompts_total: int | None = None
+
+
+class VerdictDocument(_Open):
+    """``verdict.json`` (its own ``schema_version`` 1; fields documented in :mod:`harness.gate`)."""
+
+    schema_version: int = 1
+    kind: Literal["dsa-bench.verdict"] = "dsa-bench.verdict"
+    run_id: str
+    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"]
+    exit_code: int
+    reason: str
+    cells: tuple[dict[str, Any], ...] = ()
