@@ -86,6 +86,7 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     """Scenario + overrides → plan. ``to_run``: refuse (PlanError) what this machine cannot run; otherwise plan for
     the scenario's platform and return the refusal as a note."""
     from harness.run import machine
+    from harness.run.models import locate
     from harness.run.plan import PlanError, build_plan, check_machine, planning_machine
 
     host = machine.detect()
@@ -94,13 +95,14 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     source = str(find_scenario(name))
     if to_run:
         check_machine(scenario, host)
-        return replace(build_plan(scenario, host), scenario_file=source), None
+        return replace(build_plan(scenario, host, locate(scenario)), scenario_file=source), None
     try:
         check_machine(scenario, host)
         refusal = None
     except PlanError as error:
         refusal = str(error)
-    return replace(build_plan(scenario, planning_machine(scenario, host)), scenario_file=source), refusal
+    return (replace(build_plan(scenario, planning_machine(scenario, host), locate(scenario)), scenario_file=source),
+            refusal)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -143,6 +145,7 @@ def _base_urls(args: argparse.Namespace) -> dict[str, str] | None:
 def _resume_plan(args: argparse.Namespace):
     """The stored plan of ``--resume RUN_DIR``; refuse (UsageError) when the scenario or installed versions changed."""
     from harness.run import machine
+    from harness.run.models import locate
     from harness.run.plan import build_plan, check_machine
     from harness.run.scenario import scenario_from_dict
     from harness.rundir import store
@@ -182,7 +185,7 @@ def _resume_plan(args: argparse.Namespace):
                          f"directory — copy it somewhere writable and resume the copy") from None
     host = machine.detect()
     check_machine(stored, host)
-    return build_plan(stored, host), run_dir, manifest
+    return build_plan(stored, host, locate(stored)), run_dir, manifest
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

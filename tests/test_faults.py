@@ -411,7 +411,7 @@ def test_case7_sigint_mid_level_then_resume_completes_the_run(tmp_path):
     statuses = _statuses(run_dir)
     assert all(status == "done" for arm in statuses.values() for status in arm.values()), statuses
     assert manifest["arms"]["candidate"]["levels"]["c1-r0"]["previous"] == "failed: interrupted during this level"
-    assert "previous" not in manifest["arms"]["baseline"]["levels"]["c1-r0"]   # done levels were not re-run
+    assert manifest["arms"]["baseline"]["levels"]["c1-r0"]["previous"] is None   # done levels were not re-run
     arms = manifest["arms"]   # the resumed arm ran in a second server session; the finished one kept its first
     assert [s["index"] for s in arms["candidate"]["sessions"]] == [0, 1] and len(arms["baseline"]["sessions"]) == 1
     assert arms["candidate"]["levels"]["c1-r0"]["session"] == 1 and arms["baseline"]["levels"]["c1-r0"]["session"] == 0

@@ -173,13 +173,14 @@ def cpu_tiny_server(tmp_path: Path, weights: str = "dummy", mtp: int = 1, max_mo
     import os
 
     from harness.run import machine, plan as plan_mod
+    from harness.run.models import locate
     from harness.run.scenario import load_scenario
     from harness.run.server import VllmServer, free_port
 
     scenario = load_scenario("cpu-tiny", {"model.max_model_len": max_model_len,
                                           "serve.max_num_batched_tokens": max_model_len,
                                           "mtp.num_speculative_tokens": mtp, **WEIGHTS[weights]})
-    built = plan_mod.build_plan(scenario, machine.detect())
+    built = plan_mod.build_plan(scenario, machine.detect(), locate(scenario))
     arm = next(a for a in built.arms if a.name == "candidate")
     port = free_port()
     server = VllmServer(arm.server_argv(port), {**os.environ, **arm.server_env}, port, arm.served_model_name,

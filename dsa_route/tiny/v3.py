@@ -63,13 +63,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from dsa_route.tiny.cache import default_cache_dir, ensure_dir
 
 # Bump when the generator's output changes for an unchanged spec (new file, different corpus, ...): the cache key
 # includes it, so old directories are not reused.
@@ -181,12 +180,6 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
 }
 
 
-def default_cache_dir() -> Path:
-    """``$DSA_BENCH_CACHE`` if set and non-empty, else ``~/.cache/dsa-bench``."""
-    env = os.environ.get("DSA_BENCH_CACHE", "")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsa-bench"
-
-
 def ensure_tiny_model(
     name: str = "tiny-deepseek-v3",
     cache_dir: Path | None = None,
@@ -207,28 +200,7 @@ def ensure_tiny_model(
             raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(sorted(TINY_MODELS))}") from None
     spec.validate()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{name}-{spec.cache_key()}"
-    if (final / MANIFEST_FILE).is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        write_model_dir(tmp, name, spec)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            # Lost a race (final now exists and is non-empty) or a stale incomplete dir is in the way.
-            if not (final / MANIFEST_FILE).is_file():
-                shutil.rmtree(final, ignore_errors=True)
-                try:
-                    os.rename(tmp, final)
-                except OSError:
-                    if not (final / MANIFEST_FILE).is_file():  # not a concurrent winner: a real failure
-                        raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return ensure_dir(root / f"{name}-{spec.cache_key()}", MANIFEST_FILE, lambda out: write_model_dir(out, name, spec))
 
 
 def write_model_dir(out: Path, name: str, spec: TinyModelSpec) -> None:

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from dsa_route.tiny.cache import default_cache_dir, ensure_dir
 
 GENERATOR_VERSION = 2  # bump when what a spec generates changes (2: the repeat-last recipe)
 MANIFEST_FILE = "dsa-route-tinydsa.json"
@@ -120,12 +120,6 @@ TINY_DSA_MODELS: dict[str, TinyDsaSpec] = {
 }
 
 
-def default_cache_dir() -> Path:
-    """``$DSA_BENCH_CACHE`` if set and non-empty, else ``~/.cache/dsa-bench`` (same rule as the harness)."""
-    env = os.environ.get("DSA_BENCH_CACHE", "")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "dsa-bench"
-
-
 def _tokenizer_digest(tokenizer_dir: Path) -> str:
     h = hashlib.sha256()
     for name in TOKENIZER_FILES:
@@ -163,23 +157,8 @@ def ensure_tiny_dsa_model(name: str = "tiny-deepseek-v32", cache_dir: Path | Non
         raise FileNotFoundError(f"tokenizer_dir: {tokenizer_dir} has no tokenizer.json")
     config = spec.dsa_config()  # validates before anything is written
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / f"{name}-{spec.cache_key(_tokenizer_digest(tokenizer_dir))}"
-    if (final / MANIFEST_FILE).is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        _write_model_dir(tmp, name, spec, config, tokenizer_dir)
-        try:
-            os.rename(tmp, final)
-        except OSError:  # lost a race to an identical directory, or a stale incomplete one is in the way
-            if not (final / MANIFEST_FILE).is_file():
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return ensure_dir(root / f"{name}-{spec.cache_key(_tokenizer_digest(tokenizer_dir))}", MANIFEST_FILE,
+                      lambda out: _write_model_dir(out, name, spec, config, tokenizer_dir))
 
 
 def _write_model_dir(out: Path, name: str, spec: TinyDsaSpec, config, tokenizer_dir: Path) -> None:

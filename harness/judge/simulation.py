@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from harness.judge.policy import METRICS, GatePolicy, Status
-from harness.judge.validity import succeeded
+from harness.metrics import succeeded
 from harness.judge.verdict import CellInput, decide, overall
 
 __all__ = ["RepeatPool", "repeat_pool", "SimulationResult", "simulate_gate"]

@@ -31,7 +31,8 @@ from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
 from harness.rundir.schema import Manifest
 from harness.rundir.store import finite_float
-from harness.judge.validity import ValidityReport, succeeded, check_validity
+from harness.judge.validity import ValidityReport, check_validity
+from harness.metrics import succeeded
 
 __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overall", "evaluate"]
 

@@ -23,7 +23,7 @@ from harness.rundir import schema
 from harness.rundir import store as records
 from harness.rundir.schema import MTP_COLUMNS, ArmRecord, Manifest
 from harness.rundir.store import RunDir
-from harness.judge.validity import achieved_concurrency
+from harness.metrics import achieved_concurrency, succeeded
 from harness.render.metrics_table import (
     ARMS,
     BASELINE,
@@ -309,8 +309,7 @@ def _achieved(reqs) -> Summary:
         return Summary(None, None, None, 0)
     values = []
     for _, group in reqs.groupby("round"):
-        ok = group[group["error"].isna() | (group["error"].astype(str).str.strip() == "")]
-        value = achieved_concurrency(ok)
+        value = achieved_concurrency(succeeded(group))
         values.append(value if value is not None else float("nan"))
     return summarize(values)
 

@@ -1,4 +1,5 @@
-"""What machine the harness runs on: platform (cpu/cuda), device names, installed versions. No vLLM import."""
+"""What machine the harness runs on (:func:`detect`: platform, device names), installed versions and the git sha.
+Runs ``nvidia-smi`` and ``git``; no vLLM import. The :class:`~harness.run.plan.Machine` type lives with the plan."""
 
 from __future__ import annotations
 
@@ -9,23 +10,9 @@ import platform as _platform
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Machine:
-    """The host: ``name`` is ``"cuda"`` when an NVIDIA GPU is visible, else ``"cpu"``."""
-
-    name: str
-    device: str
-    cpu_count: int
-    gpu_count: int
-    has_triton: bool
-
-    def to_dict(self) -> dict:
-        """JSON-ready dict (manifest ``platform``)."""
-        return asdict(self)
+from harness.run.plan import Machine
 
 
 def _cpu_model() -> str:

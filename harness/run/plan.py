@@ -1,7 +1,9 @@
-"""Scenario × machine → the exact commands of a run (pure apart from resolving a generated model's path).
+"""Scenario × machine × model location → the exact commands of a run. Pure: no files written, no processes.
 
 Each arm's server flags and environment come from one place: ``dsa_route.routing.decide`` for the arm's route,
 turned into vLLM flags by ``dsa_route.routing.serve_overrides`` for the platform. ``dsa-bench plan`` prints this.
+Where the model is (and generating a tiny one on first use) is :func:`harness.run.models.locate`'s job; what machine
+this is, :func:`harness.run.machine.detect`'s.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from dsa_route import routing
 from harness.rundir.schema import LevelKey
-from harness.run.machine import Machine
 from harness.run.scenario import Scenario, resolve_path
 
 BENCH_PERCENTILES = "50,99"
@@ -27,6 +29,28 @@ MODEL_TYPES = {"DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV32ForCausalLM":
 
 class PlanError(ValueError):
     """The scenario cannot run on this machine; ``str(error)`` is the one-line message (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The host: ``name`` is ``"cuda"`` when an NVIDIA GPU is visible, else ``"cpu"``."""
+
+    name: str
+    device: str
+    cpu_count: int
+    gpu_count: int
+    has_triton: bool
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (manifest ``platform``)."""
+        return asdict(self)
+
+
+class ModelLocation(NamedTuple):
+    """Where the served model and its tokenizer are: local paths or Hugging Face ids."""
+
+    path: str
+    tokenizer: str
 
 
 @dataclass(frozen=True)
@@ -132,26 +156,6 @@ def planning_machine(scenario: Scenario, host: Machine) -> Machine:
                    gpu_count=scenario.serve.tensor_parallel_size, has_triton=True)
 
 
-def _model_location(scenario: Scenario) -> tuple[str, str]:
-    """(model path or id, tokenizer path or id); a ``generated:<name>`` model is made on first use."""
-    model = scenario.model
-    if model.id.startswith("generated:"):
-        from dsa_route.tiny.v32 import TINY_DSA_MODELS, ensure_tiny_dsa_model
-        from dsa_route.tiny.v3 import ensure_tiny_model
-
-        name = model.id.split(":", 1)[1]
-        if name in TINY_DSA_MODELS:  # seeded safetensors + the tiny DeepSeek-V3 tokenizer
-            path = str(ensure_tiny_dsa_model(name, tokenizer_dir=ensure_tiny_model("tiny-deepseek-v3")))
-        else:
-            path = str(ensure_tiny_model(name))
-        return path, model.tokenizer or path
-    local = resolve_path(model.id)
-    if not local.exists() and (model.id.startswith(("/", "./", "../", "~")) or Path(model.id).expanduser().exists()):
-        raise PlanError(f"model path {model.id} does not exist; pass an existing directory or a Hugging Face id")
-    path = str(local) if local.exists() else model.id
-    return path, model.tokenizer or path
-
-
 def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) -> list[str]:
     model, serve = scenario.model, scenario.serve
     args = ["--served-model-name", served_name, "--tokenizer", tokenizer, "--seed", "0",
@@ -167,13 +171,14 @@ def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) ->
     return args
 
 
-def build_plan(scenario: Scenario, machine: Machine) -> Plan:
-    """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it).
+def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation) -> Plan:
+    """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it);
+    ``model`` from :func:`harness.run.models.locate`.
 
     Raises:
         PlanError: both arms would be identical on this platform.
     """
-    model_path, tokenizer = _model_location(scenario)
+    model_path, tokenizer = model
     served_name = Path(scenario.model.id.split(":", 1)[-1]).name
     common = _common_server_args(scenario, served_name, tokenizer)
     mtp_tokens = scenario.mtp.num_speculative_tokens or None
