@@ -247,15 +247,16 @@ def test_unwritable_run_dir_still_gives_a_verdict(tmp_path, monkeypatch):
     assert "could not write" in console.export_text()
 
 
-def test_print_gate_and_gate_main(tmp_path, capsys):
-    console = Console(record=True, width=120)
+def test_dsa_bench_gate_prints_the_table_and_exits_with_the_verdict(tmp_path, capsys):
+    from harness.cli import main
+
     run_dir = _run_dir(tmp_path, first_pair=4, throughput_factor=0.90)
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(PERF_TOML)
-    assert gate.gate_main(run_dir, policy_file, console=console) == 1
-    out = console.export_text()
+    assert main(["gate", str(run_dir), "--policy", str(policy_file)]) == 1
+    out = capsys.readouterr().out
     assert "Output throughput" in out and "FAIL (exit 1)" in out and "wrote verdict.json" in out
-    assert gate.gate_main(tmp_path / "missing", console=console) == 2
+    assert main(["gate", str(tmp_path / "missing")]) == 2
     policy_file.write_text("alpha = 2\n")
-    assert gate.gate_main(run_dir, policy_file, console=console) == 2
+    assert main(["gate", str(run_dir), "--policy", str(policy_file)]) == 2
     assert "policy.toml: gate.alpha" in capsys.readouterr().err

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.rundir.schema import SEVERITY, Status
 
 __all__ = ["Status", "SEVERITY", "MetricSpec", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
 
@@ -30,22 +31,6 @@ RECOMMENDED_REPEATS = 8
 """``workload.repeats`` recommended for gated runs (the GPU scenarios' default): the smallest count at which the
 simulation on the quiet-machine pool FAILs a 5 % throughput regression in ≥ 90 % of resamples (see
 ``tests/test_verdict.py``)."""
-
-
-class Status(str, Enum):
-    """A cell's or the run's verdict. ``str`` so it serialises as its name."""
-
-    PASS = "PASS"
-    FAIL = "FAIL"
-    INCONCLUSIVE = "INCONCLUSIVE"
-    INVALID = "INVALID"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-SEVERITY = {Status.FAIL: 0, Status.INVALID: 1, Status.INCONCLUSIVE: 2, Status.PASS: 3}
-"""Worst first: the overall verdict is the most severe primary cell's."""
 
 
 Source = Literal["level", "request", "spec", "accuracy"]

@@ -27,6 +27,7 @@ level metrics are vLLM's own (``vllm/benchmarks/serve.py``: ``mean_tpot_ms`` is 
 from __future__ import annotations
 
 import re
+from enum import Enum
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,6 +53,24 @@ PYTORCH_JSON = "benchmark.pytorch.json"
 REPORT = "report.html"
 
 RunStatus = Literal["running", "done", "failed", "interrupted"]
+
+
+class Status(str, Enum):
+    """A cell's or the run's verdict. ``str`` so it serialises as its name."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    INVALID = "INVALID"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SEVERITY = {Status.FAIL: 0, Status.INVALID: 1, Status.INCONCLUSIVE: 2, Status.PASS: 3}
+"""Worst first: the overall verdict is the most severe primary cell's."""
+EXIT_CODES: dict[Status, int] = {Status.PASS: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 3, Status.INVALID: 4}
+"""``dsa-bench gate``'s exit code per verdict (2 stays the usage error)."""
 
 
 class LevelKey(NamedTuple):
@@ -326,6 +345,36 @@ class ParitySummary(_Open):
     prompts_total: int | None = None
 
 
+class VerdictCell(_Open):
+    """One cell of ``verdict.json``: a metric at a level (``concurrency`` None for GSM8K), both arms' figures, Δ
+    (``delta_unit`` "%" or "pt") with its interval at ``ci_level``, the margin, ``result`` (None for diagnostics)."""
+
+    metric: str
+    label: str
+    unit: str = ""
+    concurrency: int | None = None
+    primary: bool = True
+    result: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"] | None = None
+    higher_is_better: bool = True
+    baseline: float | None = None
+    candidate: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    delta_unit: str = "%"
+    ci_level: float | None = None
+    margin: float = 0.0
+    repeats: int | None = None
+    note: str = ""
+    mcnemar: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+
+    @property
+    def where(self) -> str:
+        """``"c=<concurrency>"``, or ``"GSM8K"``."""
+        return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
+
+
 class VerdictDocument(_Open):
     """``verdict.json`` (its own ``schema_version`` 1; fields documented in :mod:`harness.gate`)."""
 
@@ -335,4 +384,12 @@ class VerdictDocument(_Open):
     overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"]
     exit_code: int
     reason: str
-    cells: tuple[dict[str, Any], ...] = ()
+    policy: str = ""
+    policy_source: str = ""
+    policy_fields: dict[str, Any] = Field(default_factory=dict)
+    arms: dict[str, str] = Field(default_factory=lambda: {"baseline": "baseline", "candidate": "candidate"})
+    cells: tuple[VerdictCell, ...] = ()
+    diagnostics: tuple[VerdictCell, ...] = ()
+    validity: dict[str, Any] = Field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    evaluated: bool = True                      # False: the data could not be read (no figures)

@@ -1,0 +1,115 @@
+"""``summary.md``: a PR-comment-sized markdown verdict (also appended to ``$GITHUB_STEP_SUMMARY``), from
+``verdict.json``'s document. A few KB, well under GitHub's 65,536-character comment limit."""
+
+from __future__ import annotations
+
+from harness.render.output import ICON, MAX_LIST, Output, VerdictView, fmt, status_text
+from harness.rundir.schema import SEVERITY, SUMMARY, Status, VerdictCell
+
+
+def delta_text(cell: VerdictCell | None) -> str:
+    """``"+1.2 % [-0.4, +2.8]"`` (``pt`` for GSM8K), ``—`` without a Δ."""
+    if cell is None or cell.delta is None:
+        return "—"
+    unit, digits = (" pt", 2) if cell.delta_unit == "pt" else (" %", 1)
+    text = f"{cell.delta:+.{digits}f}{unit}"
+    if cell.ci_low is not None and cell.ci_high is not None:
+        text += f" [{cell.ci_low:+.{digits}f}, {cell.ci_high:+.{digits}f}]"
+    return text
+
+
+def render(view: VerdictView) -> str:
+    """Verdict line, one row per level (throughput and mean TPOT of both arms with Δ and interval, MTP acceptance
+    length, the level's verdict), GSM8K with McNemar, and collapsed details."""
+    document, manifest = view.document, view.manifest
+    names = document.arms
+    lines = [f"### {ICON[document.overall]} dsa-bench gate: **{document.overall}**", ""]
+    head = (f"`{names['candidate']}` vs `{names['baseline']}` · run `{document.run_id}`"
+            f" · model `{manifest.model_name() if manifest is not None else 'unknown'}`")
+    if manifest is not None and manifest.platform.device:
+        head += f" · {manifest.platform.name} ({manifest.platform.device})"
+    lines += [head, "", f"> {document.reason}", ""]
+    if not document.evaluated:
+        lines += ["No figures: the run's data could not be read. Fix or re-run it (`dsa-bench compare --resume "
+                  f"{view.run_dir}`) and gate again."]
+        return "\n".join(lines) + "\n"
+    lines += _level_table(view)
+    accuracy = view.cell_map().get(("gsm8k_accuracy", None))
+    if accuracy is not None:
+        lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
+    shown = {"output_throughput", "mean_tpot_ms", "acceptance_length", "gsm8k_accuracy"}
+    others = [c for c in document.cells if c.metric not in shown]
+    if others:
+        lines.append("Other primary cells: " + "; ".join(
+            f"{c.label} {c.where} {delta_text(c)} {status_text(c.result)}" for c in others))
+        lines.append("")
+    lines += _details(view)
+    return "\n".join(lines) + "\n"
+
+
+def _level_table(view: VerdictView) -> list[str]:
+    cells = view.cell_map()
+    document = view.document
+    levels = sorted({c.concurrency for c in (*document.cells, *document.diagnostics) if c.concurrency is not None})
+    show_mtp = any(metric == "acceptance_length" for metric, _ in cells)
+    header = ["Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand", "Δ TPOT [CI]"]
+    if show_mtp:
+        header.append("MTP accept. length base → cand")
+    header.append("Verdict")
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join(["--:"] * 3 + [":--"] + ["--:"] * 2 + [":--"] * (len(header) - 6)) + "|"]
+    for level in levels:
+        tput, tpot = cells.get(("output_throughput", level)), cells.get(("mean_tpot_ms", level))
+        row = [str(level), fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
+               fmt(tpot and tpot.baseline, 2), fmt(tpot and tpot.candidate, 2), delta_text(tpot)]
+        if show_mtp:
+            mtp = cells.get(("acceptance_length", level))
+            row.append("—" if mtp is None or mtp.baseline is None or mtp.candidate is None else
+                       f"{mtp.baseline:.2f} → {mtp.candidate:.2f}" + (
+                           "" if mtp.delta is None else f" ({mtp.delta:+.1f} %)"))
+        statuses = [Status(c.result) for c in document.cells if c.concurrency == level and c.result is not None]
+        row.append(status_text(min(statuses, key=lambda s: SEVERITY[s])) if statuses else "")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines + [""]
+
+
+def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:
+    label = f"**GSM8K** ({gsm8k_filter}"
+    if cell.accuracy is None or cell.mcnemar is None:
+        return f"{label}): {status_text(cell.result)} — {cell.note}"
+    acc, mc = cell.accuracy, cell.mcnemar
+    return (f"{label}, n = {acc['n']}): baseline {acc['baseline_pct']:.2f} ± {acc['baseline_stderr_pct']:.2f} %, "
+            f"candidate {acc['candidate_pct']:.2f} ± {acc['candidate_stderr_pct']:.2f} %, Δ {delta_text(cell)} "
+            f"(margin {cell.margin:+g} pt); discordant {mc['baseline_only']} baseline-only / {mc['candidate_only']} "
+            f"candidate-only, McNemar exact p = {mc['p_value']:.3g} · {status_text(cell.result)}")
+
+
+def _details(view: VerdictView) -> list[str]:
+    document = view.document
+    primary = document.cells
+    repeats = sorted({c.repeats for c in primary if c.concurrency is not None and c.repeats})
+    levels_conf = sorted({round(100 * c.ci_level, 2) for c in primary if c.ci_level is not None})
+    confidence = "—" if not levels_conf else (f"{levels_conf[0]:g} %" if len(levels_conf) == 1
+                                              else f"{levels_conf[0]:g}–{levels_conf[-1]:g} %")
+    lines = ["<details><summary>How to read this</summary>", "",
+             f"Δ = candidate / baseline − 1 (GSM8K: difference in points). Paired repeats per level: "
+             f"{', '.join(map(str, repeats)) or '—'}. Intervals: paired block bootstrap (repeats, then requests; "
+             "Efron & Tibshirani 1993) standard error with Student-t on repeats − 1 degrees of freedom; GSM8K: "
+             "Agresti–Min paired interval. Each primary interval is two-sided at the level Holm's step-down tested "
+             f"it at ({confidence}); other metrics 95 %, no verdict.",
+             "PASS: the interval clears the margin; FAIL: it lies wholly beyond it; INCONCLUSIVE: neither; "
+             "INVALID: a validity check failed or data is missing.", "",
+             f"Policy ({document.policy_source}): {document.policy}.", "", "</details>", ""]
+    problems = [f"{c.label} {c.where}: {c.note}" for c in primary if c.result == "INVALID"]
+    needs = [f"{c.label} {c.where}: {c.note}" for c in primary if c.result == "INCONCLUSIVE"]
+    for title, items in (("INVALID cells", problems), ("INCONCLUSIVE cells", needs), ("Notes", list(document.notes))):
+        if items:
+            lines += [f"<details><summary>{title} ({len(items)})</summary>", ""]
+            lines += [f"- {item}" for item in items[:MAX_LIST]]
+            if len(items) > MAX_LIST:
+                lines.append(f"- … and {len(items) - MAX_LIST} more (see verdict.json)")
+            lines += ["", "</details>", ""]
+    return lines
+
+
+OUTPUT = Output(SUMMARY, render)
