@@ -231,8 +231,21 @@ def test_summary_pairs_the_arms_with_exact_mcnemar(fake_run):
     assert strict["difference_pts"] == pytest.approx(100 * (3 / 6 - 4 / 6))
     assert strict["p_value"] == pytest.approx(1.0)          # 2·P(X ≤ 1), X ~ Bin(3, ½) = 2·0.5 → 1
     assert strict["prompt_mismatches"] == 0                   # same few-shot context for both arms
-    low, high = strict["ci95_pts"]
-    assert low < strict["difference_pts"] < high
+    assert "ci95_pts" not in strict                          # the one interval is the verdict's (gsm8k_section)
+
+
+def test_the_report_shows_the_verdicts_gsm8k_interval_only():
+    from harness.render.view import gsm8k_section
+
+    summary = {"status": "done", "arms": {}, "paired": [
+        {"filter": "strict-match", "difference_pts": -1.0}, {"filter": "flexible-extract", "difference_pts": -0.5}]}
+    verdict = {"policy_fields": {"gsm8k_filter": "flexible-extract"}, "cells": [
+        {"metric": "output_throughput", "ci_low_pts": 9.0},
+        {"metric": "gsm8k_accuracy", "ci_low_pts": -2.5, "ci_high_pts": 1.5, "ci_level": 0.975}]}
+    strict, flexible = gsm8k_section(summary, False, verdict)["paired"]
+    assert (flexible["ci_low_pts"], flexible["ci_high_pts"], flexible["ci_level"]) == (-2.5, 1.5, 0.975)
+    assert strict["ci_low_pts"] is None and strict["ci_high_pts"] is None
+    assert all(row["ci_low_pts"] is None for row in gsm8k_section(summary, False)["paired"])
 
 
 def test_timeout_stops_lm_eval_and_names_the_limit(tmp_path):

@@ -464,10 +464,13 @@ def _pct(value: Any) -> float | None:
     return None if number is None else 100.0 * number
 
 
-def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
+def gsm8k_section(summary: Any, gpu: bool, verdict: Any = None) -> dict[str, Any] | str | None:
     """The ``gsm8k`` section from ``accuracy/summary.json`` (see harness.run.accuracy.summarize): per arm and filter
     accuracy ± stderr in %, the paired rows, why an arm is missing, and the upstream reference on GPU scenarios.
-    A skipped run gives its reason (a string: "not measured: <reason>")."""
+    A skipped run gives its reason (a string: "not measured: <reason>").
+
+    The paired row of the gated filter carries the verdict's interval (``verdict.json``'s GSM8K cell: Agresti–Min at
+    the level Holm's procedure tested it); the page shows no second interval for the same comparison."""
     if not isinstance(summary, Mapping):
         return None
     if summary.get("status") == "skipped":
@@ -485,12 +488,13 @@ def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
             values = filters[name] if isinstance(filters[name], Mapping) else {}
             rows.append({"arm": arm, "filter": name, "accuracy_pct": _pct(values.get("accuracy")),
                          "stderr_pct": _pct(values.get("stderr")), "n": values.get("n")})
+    gated, cell = _verdict_gsm8k(verdict)
     paired = []
     for row in summary.get("paired") or []:
         if isinstance(row, Mapping):
-            ci = row.get("ci95_pts")
-            paired.append({**row, "ci_low_pts": ci[0] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
-                           "ci_high_pts": ci[1] if isinstance(ci, (list, tuple)) and len(ci) == 2 else None})
+            own = cell if row.get("filter") == gated else {}
+            paired.append({**row, "ci_low_pts": own.get("ci_low_pts"), "ci_high_pts": own.get("ci_high_pts"),
+                           "ci_level": own.get("ci_level")})
     first = next((info for info in (summary.get("arms") or {}).values()
                   if isinstance(info, Mapping) and info.get("status") == "done"), {})
     setup = ""
@@ -501,6 +505,16 @@ def gsm8k_section(summary: Any, gpu: bool) -> dict[str, Any] | str | None:
                  f"{_show(first.get('source'))}")
     return {"arms": rows, "paired": paired, "notes": notes, "setup": setup,
             "reference": GSM8K_REFERENCE if gpu else None, "reference_pct": GSM8K_REFERENCE_PCT if gpu else None}
+
+
+def _verdict_gsm8k(verdict: Any) -> tuple[str | None, Mapping[str, Any]]:
+    """(the gated GSM8K filter, the verdict's GSM8K cell) of a ``verdict.json`` document, (None, {}) without one."""
+    if not isinstance(verdict, Mapping):
+        return None, {}
+    fields = verdict.get("policy_fields") if isinstance(verdict.get("policy_fields"), Mapping) else {}
+    cell = next((c for c in verdict.get("cells") or [] if isinstance(c, Mapping)
+                 and c.get("metric") == "gsm8k_accuracy"), {})
+    return fields.get("gsm8k_filter"), cell
 
 
 def parity_section(result: Any) -> dict[str, Any] | None:
@@ -611,12 +625,13 @@ def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict
             "caption": "Acceptance length = 1 + accepted draft tokens / drafts over each level's measured window."}
 
 
-def load_sections(store: RunDir, manifest: Manifest, levels) -> dict[str, Any]:
-    """The GSM8K, parity and MTP sections read from the run directory (values None when it has no such data)."""
+def load_sections(store: RunDir, manifest: Manifest, levels, verdict: Any = None) -> dict[str, Any]:
+    """The GSM8K, parity and MTP sections read from the run directory (values None when it has no such data);
+    ``verdict`` (the verdict section) gives the GSM8K interval."""
     gpu = _is_gpu_scenario(manifest)
     gsm8k, parity = store.accuracy_summary(), store.parity_summary()
     return {
-        "gsm8k": gsm8k_section(gsm8k.model_dump(mode="json") if gsm8k is not None else None, gpu),
+        "gsm8k": gsm8k_section(gsm8k.model_dump(mode="json") if gsm8k is not None else None, gpu, verdict),
         "parity": parity_section(parity.model_dump(mode="json") if parity is not None else None),
         "mtp": mtp_section(levels, manifest),
     }
@@ -633,7 +648,8 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
       "metric", "delta_pct", "ci_low_pct", "ci_high_pct", "margin_pct", "result", "note"}]}``; cells whose metric is a
       ``levels.csv`` column also give the Δ % plot its error bars.
     - ``gsm8k``: ``{"arms": [{"arm", "filter", "accuracy_pct", "stderr_pct", "n"}], "paired": [{"filter",
-      "difference_pts", "baseline_only", "candidate_only", "p_value", "ci_low_pts", "ci_high_pts"}], "notes": [str],
+      "difference_pts", "baseline_only", "candidate_only", "p_value", "ci_low_pts", "ci_high_pts", "ci_level"}],
+      "notes": [str],
       "setup": str, "reference": str}``.
     - ``parity``: ``{"exact_match_rate_pct", "prompts_total", "tolerance", "max_logprob_diff", "near_ties",
       "failures", "divergences": [{"prompt_index", "prompt", "position", "max_logprob_diff", "margin",
@@ -659,7 +675,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
     unknown = set(given) - set(SECTION_KEYS)
     if unknown:
         raise ValueError(f"unknown report sections {sorted(unknown)}; expected a subset of {SECTION_KEYS}")
-    for key, value in load_sections(store, manifest, levels).items():
+    for key, value in load_sections(store, manifest, levels, given.get("verdict")).items():
         given.setdefault(key, value)        # a section passed in wins over the run directory's files
     return {
         "run_id": _show(manifest.run_id or store.path.name),

@@ -421,13 +421,13 @@ def paired(rows: Sequence[Mapping[str, Any]], filter_name: str, arms: tuple[str,
     """The paired comparison of one filter over the questions both arms answered (None when none are common).
 
     Returns ``{"filter", "n", "baseline_accuracy", "candidate_accuracy", "difference_pts" (candidate − baseline,
-    points), "ci95_pts" (Agresti–Min adjusted Wald, :func:`harness.judge.stats.paired_difference`), "both", "neither",
+    points), "both", "neither",
     "baseline_only", "candidate_only", "p_value" (exact McNemar), "prompt_mismatches" (questions whose prompt hash
     differs between the arms: their few-shot context was not the same)}``.
     """
     import numpy as np
 
-    from harness.judge.stats import mcnemar_exact, paired_difference
+    from harness.judge.stats import mcnemar_exact
 
     by_arm = {arm: {row["question_id"]: row for row in rows if row["arm"] == arm and row["filter"] == filter_name}
               for arm in arms}
@@ -437,16 +437,12 @@ def paired(rows: Sequence[Mapping[str, Any]], filter_name: str, arms: tuple[str,
     base = np.array([by_arm[arms[0]][q]["correct"] for q in common], dtype=bool)
     cand = np.array([by_arm[arms[1]][q]["correct"] for q in common], dtype=bool)
     test = mcnemar_exact(base, cand)
-    ci = None
-    if len(common) >= 2:
-        diff = paired_difference(base, cand)
-        ci = [100 * (diff.adjusted - 1.959963984540054 * diff.se), 100 * (diff.adjusted + 1.959963984540054 * diff.se)]
     hashes = [(by_arm[arms[0]][q].get("prompt_hash"), by_arm[arms[1]][q].get("prompt_hash")) for q in common]
     mismatches = sum(1 for base_hash, cand_hash in hashes if base_hash != cand_hash)
     return {
         "filter": filter_name, "n": len(common),
         "baseline_accuracy": float(base.mean()), "candidate_accuracy": float(cand.mean()),
-        "difference_pts": 100.0 * (float(cand.mean()) - float(base.mean())), "ci95_pts": ci,
+        "difference_pts": 100.0 * (float(cand.mean()) - float(base.mean())),
         "both": test.both, "neither": test.neither, "baseline_only": test.baseline_only,
         "candidate_only": test.candidate_only, "p_value": test.p_value, "prompt_mismatches": mismatches,
     }
