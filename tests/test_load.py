@@ -77,3 +77,23 @@ def test_corrupted_levels_csv_is_a_run_dir_error(tmp_path):
     (tmp_path / schema.LEVELS).write_text("arm,concurrency\n\"unterminated\n")
     with pytest.raises(records.RunDirError):
         records.RunDir(tmp_path).levels()
+
+
+def test_each_latency_metric_name_means_one_thing(bench):
+    """The registry's request statistics, computed from requests.csv rows as the gate does, are vLLM's level columns of
+    the same name (vllm/benchmarks/serve.py): one meaning per metric name."""
+    import numpy as np
+
+    from harness.metrics import METRICS, REPORT_TABLE
+
+    level, rows = parse_bench_result(bench, "baseline", 4, 0)
+    assert set(REPORT_TABLE) <= set(schema.LEVEL_COLUMNS)
+    checked = 0
+    for metric in METRICS.values():
+        if metric.source != "request" or metric.name not in level:
+            continue
+        values = np.array([r[metric.column] for r in rows if r[metric.column] is not None], dtype=float)
+        ours = {"mean": values.mean(), "median": np.median(values), "p99": np.percentile(values, 99)}[metric.statistic]
+        assert ours == pytest.approx(level[metric.name], rel=1e-6), metric.name
+        checked += 1
+    assert checked == 9   # mean, median and p99 of TTFT, TPOT and E2EL

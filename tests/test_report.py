@@ -131,7 +131,7 @@ def rendered(tmp_path_factory) -> tuple[Path, str]:
 def test_delta_and_formatting():
     assert delta_pct(100.0, 110.0) == pytest.approx(10.0)
     assert delta_pct(0.0, 5.0) is None and delta_pct(None, 1.0) is None and delta_pct(1.0, math.nan) is None
-    throughput, tpot = METRICS[0], next(m for m in METRICS if m.column == "mean_tpot_ms")
+    throughput, tpot = METRICS[0], next(m for m in METRICS if m.name == "mean_tpot_ms")
     assert throughput.higher_is_better and not tpot.higher_is_better
     assert delta_class(throughput, 5.0) == "better" and delta_class(tpot, 5.0) == "worse"
     assert delta_class(tpot, -5.0) == "better" and delta_class(tpot, 0.01) == "" and delta_class(tpot, None) == ""
@@ -156,12 +156,12 @@ def test_level_tables_hold_the_fixture_numbers_and_deltas(rendered):
     values = level_values()
     for concurrency in LEVELS:
         for metric in METRICS:
-            base = float(values[("baseline", concurrency)][metric.column])
-            cand = float(values[("candidate", concurrency)][metric.column])
-            assert page.cells[(concurrency, metric.column, "baseline")] == fmt_value(base)
-            assert page.cells[(concurrency, metric.column, "candidate")] == fmt_value(cand)
+            base = float(values[("baseline", concurrency)][metric.name])
+            cand = float(values[("candidate", concurrency)][metric.name])
+            assert page.cells[(concurrency, metric.name, "baseline")] == fmt_value(base)
+            assert page.cells[(concurrency, metric.name, "candidate")] == fmt_value(cand)
             expected = f"{(cand - base) / base * 100:+.1f} %"
-            assert page.cells[(concurrency, metric.column, "delta")] == expected, (concurrency, metric.column)
+            assert page.cells[(concurrency, metric.name, "delta")] == expected, (concurrency, metric.name)
     # Literal spot checks against levels.csv, so a shared formatting bug cannot hide.
     assert page.cells[(1, "output_throughput", "baseline")] == "99.41"
     assert page.cells[(1, "output_throughput", "candidate")] == "86.29"

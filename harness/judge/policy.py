@@ -18,14 +18,13 @@ default to +10 %: a tail quantile is far noisier.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from harness.metrics import METRICS as ALL_METRICS, Metric
 from harness.rundir.schema import SEVERITY, Status
 
-__all__ = ["Status", "SEVERITY", "MetricSpec", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
+__all__ = ["Status", "SEVERITY", "Metric", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
 
 RECOMMENDED_REPEATS = 8
 """``workload.repeats`` recommended for gated runs (the GPU scenarios' default): the smallest count at which the
@@ -33,61 +32,8 @@ simulation on the quiet-machine pool FAILs a 5 % throughput regression in ≥ 90
 ``tests/test_verdict.py``)."""
 
 
-Source = Literal["level", "request", "spec", "accuracy"]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """What a gateable metric is and where it comes from.
-
-    Attributes:
-        name: the key used in the policy (and, for levels.csv metrics, the levels.csv column).
-        source: ``level`` — the per-repeat figure of a levels.csv column (bootstrap over repeats);
-            ``request`` — per-request values of a requests.csv ``column`` reduced by ``statistic`` (two-stage
-            bootstrap); ``spec`` — per-repeat MTP figure from levels.csv (issue 5 columns); ``accuracy`` — GSM8K.
-        default_margin: tolerated change on the bad side: percent of the baseline for ratio metrics (negative for
-            higher-is-better), accuracy points for ``accuracy``.
-    """
-
-    name: str
-    label: str
-    unit: str
-    higher_is_better: bool
-    source: Source
-    default_margin: float
-    column: str = ""
-    statistic: str = "mean"
-
-    @property
-    def margin_unit(self) -> str:
-        return "pt" if self.source == "accuracy" else "%"
-
-
-def _request_metrics() -> dict[str, MetricSpec]:
-    specs = {}
-    for column, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2el_ms", "E2E latency")):
-        for statistic, margin in (("mean", 3.0), ("median", 3.0), ("p99", 10.0)):
-            name = f"{statistic}_{column}"
-            specs[name] = MetricSpec(name, f"{statistic.capitalize() if statistic != 'p99' else 'P99'} {label}", "ms",
-                                     False, "request", margin, column, statistic)
-    return specs
-
-
-METRICS: dict[str, MetricSpec] = {
-    "output_throughput": MetricSpec("output_throughput", "Output throughput", "tok/s", True, "level", -3.0,
-                                    "output_throughput"),
-    "total_token_throughput": MetricSpec("total_token_throughput", "Total token throughput", "tok/s", True, "level",
-                                         -3.0, "total_token_throughput"),
-    "request_throughput": MetricSpec("request_throughput", "Request throughput", "req/s", True, "level", -3.0,
-                                     "request_throughput"),
-    **_request_metrics(),
-    "acceptance_length": MetricSpec("acceptance_length", "MTP acceptance length", "tokens", True, "spec", -2.0,
-                                    "acceptance_length"),
-    "acceptance_rate": MetricSpec("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0,
-                                  "acceptance_rate"),
-    "gsm8k_accuracy": MetricSpec("gsm8k_accuracy", "GSM8K accuracy", "%", True, "accuracy", -1.0),
-}
-"""Every metric a policy may name. p99 latency margins default to +10 %: a tail quantile is far noisier."""
+METRICS: dict[str, Metric] = {name: m for name, m in ALL_METRICS.items() if m.default_margin is not None}
+"""Every metric a policy may name: the gated ones of the registry :data:`harness.metrics.METRICS`."""
 
 DEFAULT_PRIMARY: tuple[str, ...] = ("output_throughput", "mean_tpot_ms", "gsm8k_accuracy", "acceptance_length")
 DIAGNOSTIC: tuple[str, ...] = ("output_throughput", "total_token_throughput", "mean_tpot_ms", "p99_tpot_ms",

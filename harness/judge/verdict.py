@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from harness.judge import stats
-from harness.judge.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, MetricSpec, Status
+from harness.judge.policy import DIAGNOSTIC, METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.rundir.schema import Manifest
 from harness.rundir.store import finite_float
 from harness.judge.validity import ValidityReport, check_validity
@@ -95,7 +95,7 @@ class CellResult:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def spec(self) -> MetricSpec:
+    def spec(self) -> Metric:
         return METRICS[self.metric]
 
     @property
@@ -193,7 +193,7 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
     return result, (estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
 
 
-def _to_delta(spec: MetricSpec, value: float) -> float:
+def _to_delta(spec: Metric, value: float) -> float:
     """Test scale → shown scale: log ratio → % change; proportion difference → points."""
     return 100 * value if spec.source == "accuracy" else 100 * math.expm1(value)
 
@@ -353,7 +353,7 @@ def _has_spec_data(levels) -> bool:
                for c in ("acceptance_length", "spec_drafts"))
 
 
-def _level_cell(spec: MetricSpec, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
+def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
                 levels, policy: GatePolicy, base: str, cand: str) -> CellInput:
     reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
     if level not in validity.levels:
@@ -388,7 +388,7 @@ def _level_cell(spec: MetricSpec, level: int, primary: bool, validity: ValidityR
     return CellInput(spec.name, level, tuple(values[base]), tuple(values[cand]), tuple(common), primary=primary)
 
 
-def _shown_value(spec: MetricSpec, arm: str, level: int, level_rows, request_groups, levels) -> float | None:
+def _shown_value(spec: Metric, arm: str, level: int, level_rows, request_groups, levels) -> float | None:
     """The arm's figure over whatever repeats it has, valid or not: shown beside an INVALID cell, never tested."""
     values = []
     for (a, c, r), row in level_rows.items():
@@ -402,7 +402,7 @@ def _shown_value(spec: MetricSpec, arm: str, level: int, level_rows, request_gro
         return None
 
 
-def _cell_values(spec: MetricSpec, row, frame, levels) -> np.ndarray | str:
+def _cell_values(spec: Metric, row, frame, levels) -> np.ndarray | str:
     """One repeat's values for a cell, or a reason string when they are missing."""
     if spec.source == "level":
         value = finite_float(row.get(spec.column))

@@ -16,7 +16,7 @@ from harness.rundir import schema
 from harness.rundir.schema import VerdictDocument
 from harness.rundir.store import RunDir, RunDirError
 from harness.render import plots
-from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_COLUMN, Summary, fmt_delta, fmt_value
+from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_NAME, Summary, fmt_delta, fmt_value
 from harness.render.view import build_context
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -73,7 +73,7 @@ def _verdict_intervals(verdict: Any) -> dict[tuple[str, int], tuple[float, float
             low, high = float(cell["ci_low_pct"]), float(cell["ci_high_pct"])
         except (KeyError, TypeError, ValueError):
             continue
-        if key[0] in METRIC_BY_COLUMN and math.isfinite(low) and math.isfinite(high):
+        if key[0] in METRIC_BY_NAME and math.isfinite(low) and math.isfinite(high):
             intervals[key] = (low, high)
     return intervals
 

@@ -1,14 +1,13 @@
-"""The per-level metrics the report shows: names, units, direction and the formula printed beside each.
-
-Pure data plus pure functions over pandas frames read from ``levels.csv``; no I/O. The names are the field's standard
-ones (vLLM ``benchmarks/serve.py``): TTFT, TPOT, ITL, E2EL.
-"""
+"""The per-level tables of the report: which metrics of the registry (:mod:`harness.metrics`) they show, Δ %,
+its colour, number formats and the median/min–max summary over rounds. Pure; no I/O."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Sequence
+
+from harness.metrics import METRICS as ALL_METRICS, REPORT_TABLE, Metric
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
@@ -17,65 +16,10 @@ ARMS: tuple[str, str] = (BASELINE, CANDIDATE)
 DELTA_FORMULA = "Δ % = (candidate − baseline) / baseline × 100"
 
 
-@dataclass(frozen=True)
-class Metric:
-    """One ``levels.csv`` column as the report shows it.
+METRICS: tuple[Metric, ...] = tuple(ALL_METRICS[name] for name in REPORT_TABLE)
+"""Metrics with a Δ % column, in table order (their ``name`` is the ``levels.csv`` column)."""
 
-    ``higher_is_better`` says which sign of Δ % is an improvement; ``short`` is the formula printed next to the
-    metric in each level's table, ``formula`` the full definition in the definitions table.
-    """
-
-    column: str
-    name: str
-    unit: str
-    higher_is_better: bool
-    short: str
-    formula: str
-
-    @property
-    def better(self) -> str:
-        """``"↑ better"`` or ``"↓ better"``."""
-        return f"{self.arrow} better"
-
-    @property
-    def arrow(self) -> str:
-        """``"↑"`` (higher is better) or ``"↓"`` (lower is better)."""
-        return "↑" if self.higher_is_better else "↓"
-
-
-_TTFT = "TTFT = time from sending the request to receiving its first output token"
-_TPOT = ("TPOT = (E2EL − TTFT) / (output_len − 1) per request, output_len counted by the server; "
-         "requests with output_len ≤ 1 excluded")
-_ITL = ("ITL = gap between consecutive streamed chunks, pooled over all requests "
-        "(with speculative decoding a chunk can hold several tokens)")
-_E2EL = "E2EL = time from sending the request to receiving its last token"
-_PCT = "p99 = 99th percentile over requests (numpy, linear interpolation)"
-
-_TPOT_SHORT = "(E2EL − TTFT) / (output_len − 1) per request"
-
-METRICS: tuple[Metric, ...] = (
-    Metric("output_throughput", "Output throughput", "tok/s", True, "Σ output tokens / duration",
-           "Σ output tokens (server-counted) / benchmark duration"),
-    Metric("total_token_throughput", "Total token throughput", "tok/s", True, "(Σ input + Σ output tokens) / duration",
-           "(Σ input tokens + Σ output tokens) / benchmark duration"),
-    Metric("request_throughput", "Request throughput", "req/s", True, "completed requests / duration",
-           "completed requests / benchmark duration"),
-    Metric("mean_ttft_ms", "Mean TTFT", "ms", False, "request sent → first token; mean",
-           _TTFT + "; mean over requests"),
-    Metric("median_ttft_ms", "Median TTFT", "ms", False, "request sent → first token; median",
-           _TTFT + "; median over requests"),
-    Metric("p99_ttft_ms", "P99 TTFT", "ms", False, "request sent → first token; p99", _TTFT + "; " + _PCT),
-    Metric("mean_tpot_ms", "Mean TPOT", "ms", False, _TPOT_SHORT + "; mean", _TPOT + "; mean over requests"),
-    Metric("median_tpot_ms", "Median TPOT", "ms", False, _TPOT_SHORT + "; median", _TPOT + "; median over requests"),
-    Metric("p99_tpot_ms", "P99 TPOT", "ms", False, _TPOT_SHORT + "; p99", _TPOT + "; " + _PCT),
-    Metric("mean_itl_ms", "Mean ITL", "ms", False, "gap between streamed chunks, pooled; mean", _ITL + "; mean"),
-    Metric("p99_itl_ms", "P99 ITL", "ms", False, "gap between streamed chunks, pooled; p99",
-           _ITL + "; 99th percentile"),
-    Metric("mean_e2el_ms", "Mean E2EL", "ms", False, "request sent → last token; mean", _E2EL + "; mean over requests"),
-)
-"""Metrics with a Δ % column, in table order."""
-
-METRIC_BY_COLUMN = {metric.column: metric for metric in METRICS}
+METRIC_BY_NAME = {metric.name: metric for metric in METRICS}
 
 
 def delta_pct(baseline: float | None, candidate: float | None) -> float | None:

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from harness.render.metrics_table import ARMS, METRIC_BY_COLUMN, Summary
+from harness.render.metrics_table import ARMS, METRIC_BY_NAME, Summary
 from harness.render.view import LevelView
 
 ARM_COLORS = {"baseline": "#4c72b0", "candidate": "#dd8452"}
@@ -66,7 +66,7 @@ def _series(levels: Sequence[LevelView], arm: str, column: str) -> tuple[list[in
     xs, points = [], []
     for level in levels:
         for row in level.rows:
-            if row.metric.column == column:
+            if row.metric.name == column:
                 summary = row.baseline if arm == "baseline" else row.candidate
                 if summary.value is not None:
                     xs.append(level.concurrency)
@@ -140,10 +140,10 @@ def delta_plot(levels: Sequence[LevelView],
     drawn: list[int] = []
     values: list[float] = []
     for column in DELTA_METRICS:
-        metric = METRIC_BY_COLUMN[column]
+        metric = METRIC_BY_NAME[column]
         xs, ys, low, high = [], [], [], []
         for level in levels:
-            row = next(r for r in level.rows if r.metric.column == column)
+            row = next(r for r in level.rows if r.metric.name == column)
             if row.delta is None:
                 continue
             xs.append(level.concurrency)
@@ -153,7 +153,7 @@ def delta_plot(levels: Sequence[LevelView],
             high.append(max(hi - row.delta, 0.0))
         if not xs:
             continue
-        label = f"{metric.name} ({metric.better})"
+        label = f"{metric.label} ({metric.better})"
         if any(low) or any(high):
             axes.errorbar(xs, ys, yerr=[low, high], capsize=3, marker="o", color=DELTA_COLORS[column], label=label)
         else:

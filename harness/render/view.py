@@ -343,8 +343,8 @@ def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
             )
         metric_rows = []
         for metric in METRICS:
-            base = _summary_of(frames[BASELINE], metric.column)
-            cand = _summary_of(frames[CANDIDATE], metric.column)
+            base = _summary_of(frames[BASELINE], metric.name)
+            cand = _summary_of(frames[CANDIDATE], metric.name)
             delta = delta_pct(base.value, cand.value)
             metric_rows.append(MetricRow(metric, base, cand, delta, delta_class(metric, delta)))
         views.append(LevelView(concurrency, per_arm, metric_rows, max(a.repeats for a in per_arm.values())))
