@@ -137,8 +137,9 @@ def test_the_shared_data_dir_is_the_default():
 
 # ----------------------------------------------------------------------------------------------- command and task
 def test_gsm8k_command_uses_local_completions_without_tokenizer(tmp_path):
-    argv = accuracy.gsm8k_command("http://127.0.0.1:9", "tiny", tmp_path / "out", task="gsm8k_local",
-                                  include_path=tmp_path / "tasks", num_fewshot=5, limit=10, num_concurrent=4)
+    settings = accuracy.GsmSettings(num_fewshot=5, limit=10, num_concurrent=4)
+    argv = accuracy.gsm8k_command("http://127.0.0.1:9", "tiny", tmp_path / "out", settings, task="gsm8k_local",
+                                  include_path=tmp_path / "tasks")
     assert argv[1:4] == ["-m", "lm_eval", "run"]
     model_args = argv[argv.index("--model_args") + 1]
     assert argv[argv.index("--model") + 1] == "local-completions"
@@ -148,7 +149,7 @@ def test_gsm8k_command_uses_local_completions_without_tokenizer(tmp_path):
     assert "--log_samples" in argv and argv[argv.index("--limit") + 1] == "10"
     assert argv[argv.index("--include_path") + 1] == str(tmp_path / "tasks")
     assert argv[argv.index("--seed") + 1] == "0,1234,1234,1234"
-    assert "--limit" not in accuracy.gsm8k_command("u", "m", tmp_path, limit=None)
+    assert "--limit" not in accuracy.gsm8k_command("u", "m", tmp_path, accuracy.GsmSettings(limit=None))
 
 
 def test_task_yaml_includes_upstream_gsm8k_and_points_at_local_files(tmp_path):
@@ -175,8 +176,9 @@ def fake_run(tmp_path_factory):
     with FakeCompletions(_answers(BASELINE_RIGHT, BASELINE_FLEX)) as base, \
             FakeCompletions(_answers(CANDIDATE_RIGHT, CANDIDATE_FLEX)) as cand:
         with ThreadPoolExecutor(2) as pool:
-            futures = {arm: pool.submit(accuracy.run_gsm8k, run_dir, arm, server.base_url, "tiny", data,
-                                        num_fewshot=3, limit=None, num_concurrent=2, timeout_s=240, poll_s=0.2)
+            settings = accuracy.GsmSettings(num_fewshot=3, limit=None, num_concurrent=2, timeout_s=240, poll_s=0.2)
+            futures = {arm: pool.submit(accuracy.run_gsm8k, run_dir, arm, accuracy.Endpoint(server.base_url, "tiny"),
+                                        data, settings)
                        for arm, server in (("baseline", base), ("candidate", cand))}
             results = {arm: future.result() for arm, future in futures.items()}
         bodies = base.bodies + cand.bodies
@@ -253,7 +255,8 @@ def test_timeout_stops_lm_eval_and_names_the_limit(tmp_path):
     with FakeCompletions({}, delay_s=30) as slow:
         started = time.monotonic()
         with pytest.raises(AccuracyError, match=r"timeout.*accuracy\.timeout_s = 3 s"):
-            accuracy.run_gsm8k(tmp_path, "baseline", slow.base_url, "tiny", data, limit=1, timeout_s=3, poll_s=0.2)
+            accuracy.run_gsm8k(tmp_path, "baseline", accuracy.Endpoint(slow.base_url, "tiny"), data,
+                               accuracy.GsmSettings(limit=1, timeout_s=3, poll_s=0.2))
         assert time.monotonic() - started < 20
     assert procs.live_children() == []
 
@@ -261,14 +264,15 @@ def test_timeout_stops_lm_eval_and_names_the_limit(tmp_path):
 def test_a_dead_server_stops_the_run(tmp_path):
     data = GsmData(MINI.resolve(), "local", "test fixture")
     with pytest.raises(AccuracyError, match="server died"):
-        accuracy.run_gsm8k(tmp_path, "candidate", "http://127.0.0.1:9", "tiny", data, alive=lambda: False,
-                           poll_s=0.1)
+        accuracy.run_gsm8k(tmp_path, "candidate", accuracy.Endpoint("http://127.0.0.1:9", "tiny", alive=lambda: False),
+                           data, accuracy.GsmSettings(poll_s=0.1))
     assert procs.live_children() == []
 
 
 def test_skip_is_refused_and_recorded(tmp_path):
     with pytest.raises(AccuracyError, match="no local data"):
-        accuracy.run_gsm8k(tmp_path, "baseline", "u", "m", GsmData(None, "skip", "GSM8K not run: no local data"))
+        accuracy.run_gsm8k(tmp_path, "baseline", accuracy.Endpoint("u", "m"),
+                           GsmData(None, "skip", "GSM8K not run: no local data"))
     summary = accuracy.record_skipped(tmp_path, "GSM8K not run: no local data")
     assert accuracy.load_summary(tmp_path) == summary and summary["status"] == "skipped"
 
@@ -317,8 +321,9 @@ def test_lm_eval_against_real_cpu_vllm(tmp_path):
         pytest.skip(data.reason)
     with cpu_tiny_server(tmp_path, weights="dummy") as server:
         before = spec_decode.snapshot(server.base_url, server.headers)
-        result = accuracy.run_gsm8k(tmp_path, "baseline", server.base_url, server.served_model_name, data,
-                                    num_fewshot=5, limit=2, num_concurrent=2, timeout_s=900, alive=server.alive)
+        endpoint = accuracy.Endpoint(server.base_url, server.served_model_name, alive=server.alive)
+        result = accuracy.run_gsm8k(tmp_path, "baseline", endpoint, data,
+                                    accuracy.GsmSettings(num_fewshot=5, limit=2, num_concurrent=2, timeout_s=900))
         moved = spec_decode.window(before, spec_decode.snapshot(server.base_url, server.headers))
     assert result.status == "done" and result.n == 2
     assert {row["filter"] for row in accuracy.read_rows(tmp_path)} == set(accuracy.FILTERS)

@@ -337,8 +337,9 @@ def test_case6_lm_eval_server_disappears_mid_eval(tmp_path, monkeypatch):
     data = accuracy.GsmData(mini.resolve(), "local", "test fixture")
     try:
         with pytest.raises(accuracy.AccuracyError) as caught:
-            accuracy.run_gsm8k(tmp_path / "run", "candidate", server.url, "tiny-deepseek-v3", data, num_fewshot=1,
-                               num_concurrent=1, timeout_s=300, alive=server.alive, poll_s=0.2)
+            accuracy.run_gsm8k(tmp_path / "run", "candidate", accuracy.Endpoint(server.url, "tiny-deepseek-v3",
+                                                                                 alive=server.alive),
+                               data, accuracy.GsmSettings(num_fewshot=1, num_concurrent=1, timeout_s=300, poll_s=0.2))
     finally:
         server.stop()
     message = str(caught.value)

@@ -55,6 +55,7 @@ LOCAL_TASK = "gsm8k_local"
 HUB_TASK = "gsm8k"
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 MAX_GEN_TOKS = 256
+REQUEST_TIMEOUT_S = 600       # lm-eval's per-request timeout
 FEWSHOT_SEED = 1234
 """lm-eval's default seeds (``--seed 0,1234,1234,1234``: python, numpy, torch, few-shot sampler) and its default
 request seed; fixed so both arms get the same few-shot examples for each question."""
@@ -120,6 +121,36 @@ class GsmData(NamedTuple):
     source: Literal["local", "hub", "skip"]
     reason: str
 
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The arm's running server as lm-eval sees it: base URL, served model name, ``api_key`` (its ``VLLM_API_KEY``,
+    sent by lm-eval as ``OPENAI_API_KEY``) and ``alive()`` (polled; False stops the run)."""
+
+    base_url: str
+    served_model_name: str
+    api_key: str | None = None
+    alive: Callable[[], bool] | None = None
+
+
+@dataclass(frozen=True)
+class GsmSettings:
+    """How lm-eval runs GSM8K: few-shot count, question ``limit`` (None: the full test set), requests in flight,
+    wall-clock limit (s), few-shot and request ``seed``, and how often the server is polled (s)."""
+
+    num_fewshot: int = 5
+    limit: int | None = None
+    num_concurrent: int = 8
+    timeout_s: float = 3600.0
+    seed: int = FEWSHOT_SEED
+    poll_s: float = 1.0
+
+    @classmethod
+    def of(cls, spec: Any) -> GsmSettings:
+        """The settings of a scenario's ``[accuracy]`` table."""
+        return cls(num_fewshot=spec.num_fewshot, limit=spec.limit, num_concurrent=spec.num_concurrent,
+                   timeout_s=spec.timeout_s)
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
     """Whether the Hugging Face hub answers (False when ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set)."""
@@ -200,17 +231,17 @@ def write_task_yaml(task_dir: Path, data_dir: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ running lm-eval
-def gsm8k_command(base_url: str, served_model_name: str, output_dir: Path, *, task: str = HUB_TASK,
-                  include_path: Path | None = None, num_fewshot: int = 5, limit: int | None = None,
-                  num_concurrent: int = 8, seed: int = FEWSHOT_SEED, max_gen_toks: int = MAX_GEN_TOKS,
-                  request_timeout_s: int = 600, python: str = sys.executable) -> list[str]:
+def gsm8k_command(base_url: str, served_model_name: str, output_dir: Path, settings: GsmSettings = GsmSettings(), *,
+                  task: str = HUB_TASK, include_path: Path | None = None) -> list[str]:
     """The ``python -m lm_eval`` argv of one arm's GSM8K run.
 
     ``local-completions`` against ``<base_url>/v1/completions`` with ``tokenizer_backend=None`` (text prompts, no
-    client tokenizer), ``num_concurrent`` requests in flight, ``max_gen_toks`` new tokens at most, request ``seed``;
-    the task's own greedy settings (temperature 0) and stop strings; ``--seed 0,<seed>,<seed>,<seed>`` fixes the
-    few-shot sampler; ``--log_samples`` writes per-question results under ``output_dir``.
+    client tokenizer), ``num_concurrent`` requests in flight, :data:`MAX_GEN_TOKS` new tokens at most, request
+    ``seed``; the task's own greedy settings (temperature 0) and stop strings; ``--seed 0,<seed>,<seed>,<seed>`` fixes
+    the few-shot sampler; ``--log_samples`` writes per-question results under ``output_dir``.
     """
+    num_concurrent, seed, num_fewshot, limit = settings.num_concurrent, settings.seed, settings.num_fewshot, settings.limit
+    max_gen_toks, request_timeout_s, python = MAX_GEN_TOKS, REQUEST_TIMEOUT_S, sys.executable
     model_args = ",".join([
         f"model={served_model_name}", f"base_url={base_url}/v1/completions", "tokenizer_backend=None",
         "tokenized_requests=False", f"num_concurrent={num_concurrent}", "max_retries=3",
@@ -246,20 +277,17 @@ class ArmResult:
     command: list[str] = field(default_factory=list)
 
 
-def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, data: GsmData, *,
-              num_fewshot: int = 5, limit: int | None = None, num_concurrent: int = 8, timeout_s: float = 3600.0,
-              seed: int = FEWSHOT_SEED, env: Mapping[str, str] | None = None, api_key: str | None = None,
-              alive: Callable[[], bool] | None = None, poll_s: float = 1.0) -> ArmResult:
+def run_gsm8k(run_dir: Path, arm: str, endpoint: Endpoint, data: GsmData, settings: GsmSettings = GsmSettings(),
+              env: Mapping[str, str] | None = None) -> ArmResult:
     """Run lm-eval's GSM8K for one arm against its running server; store its output and rows; return the result.
 
     Spawns :func:`gsm8k_command` through :func:`harness.run.procs.spawn` (own process group, log
-    ``logs/<arm>-lm-eval.log``), waits at most ``timeout_s`` (``accuracy.timeout_s``) and polls ``alive()`` (the
-    server) every ``poll_s``. On success: the arm's rows replace any earlier rows of ``arm`` in ``accuracy.csv`` and
-    ``accuracy/<arm>/arm.json`` is written. ``api_key`` (the server's ``VLLM_API_KEY``) reaches lm-eval as
-    ``OPENAI_API_KEY``, the variable its ``local-completions`` model sends as a bearer token.
+    ``logs/<arm>-lm-eval.log``, environment ``env`` or this process's), waits at most ``settings.timeout_s``
+    (``accuracy.timeout_s``) and polls ``endpoint.alive()`` every ``settings.poll_s``. On success: the arm's rows
+    replace any earlier rows of ``arm`` in ``accuracy.csv`` and ``accuracy/<arm>/arm.json`` is written.
 
     Raises:
-        AccuracyError: ``data.source`` is "skip"; lm-eval exited non-zero, wrote no results, ran past ``timeout_s``
+        AccuracyError: ``data.source`` is "skip"; lm-eval exited non-zero, wrote no results, ran past the timeout
             (it is then stopped: SIGTERM, grace, SIGKILL), or the server died under it. The message is one line and
             names the log.
     """
@@ -274,37 +302,17 @@ def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, da
         include_path = run_dir / ACCURACY_DIR / "tasks"
         write_task_yaml(include_path, data.path)
         task = LOCAL_TASK
-    argv = gsm8k_command(base_url, served_model_name, out_dir, task=task, include_path=include_path,
-                         num_fewshot=num_fewshot, limit=limit, num_concurrent=num_concurrent, seed=seed)
-    child_env = dict(os.environ if env is None else env)
-    child_env["TOKENIZERS_PARALLELISM"] = "false"
-    if data.source == "local":   # nothing to fetch: never wait on an unreachable hub
-        child_env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    if api_key:
-        child_env["OPENAI_API_KEY"] = api_key
+    argv = gsm8k_command(endpoint.base_url, endpoint.served_model_name, out_dir, settings, task=task,
+                         include_path=include_path)
     log_path = RunDir(run_dir).log_path(f"{arm}-lm-eval.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    result = ArmResult(arm=arm, status="running", task=task, source=data.source, num_fewshot=num_fewshot,
-                       limit=limit, log=str(log_path.relative_to(run_dir)), command=argv)
+    result = ArmResult(arm=arm, status="running", task=task, source=data.source, num_fewshot=settings.num_fewshot,
+                       limit=settings.limit, log=str(log_path.relative_to(run_dir)), command=argv)
     started = time.monotonic()
-    try:
-        proc = procs.spawn(argv, child_env, log_path)
-    except OSError as error:
-        raise AccuracyError(f"cannot start lm-eval ({error.strerror or error}); run scripts/setup.sh") from None
-    try:
-        while proc.poll() is None:
-            if time.monotonic() - started > timeout_s:
-                raise AccuracyError(f"GSM8K on {arm} timeout: lm-eval still running after accuracy.timeout_s = "
-                                    f"{timeout_s:.0f} s and was stopped; raise accuracy.timeout_s or lower "
-                                    f"--gsm8k-limit (log {log_path})")
-            if alive is not None and not alive():
-                raise AccuracyError(f"GSM8K on {arm}: the server died during the lm-eval run (log {log_path})")
-            time.sleep(poll_s)
-    finally:
-        procs.stop(proc, grace_s=10.0)
+    code = _run_lm_eval(argv, _child_env(env, data, endpoint.api_key), log_path, arm, endpoint, settings)
     result.wall_s = round(time.monotonic() - started, 2)
-    if proc.returncode != 0:
-        raise AccuracyError(f"GSM8K on {arm}: lm-eval exited with code {proc.returncode}; last line: "
+    if code != 0:
+        raise AccuracyError(f"GSM8K on {arm}: lm-eval exited with code {code}; last line: "
                             f"{_last_line(log_path)} (log {log_path})")
     results_path, samples_path = find_outputs(out_dir, task)
     if results_path is None or samples_path is None:
@@ -320,6 +328,44 @@ def run_gsm8k(run_dir: Path, arm: str, base_url: str, served_model_name: str, da
     _replace_arm_rows(run_dir, arm, rows)
     records.atomic_write_json(out_dir / ACCURACY_ARM, asdict(result))
     return result
+
+
+def _child_env(env: Mapping[str, str] | None, data: GsmData, api_key: str | None) -> dict[str, str]:
+    """lm-eval's environment: offline with local data (never wait on an unreachable hub), the server's key as
+    ``OPENAI_API_KEY`` (the variable ``local-completions`` sends as a bearer token)."""
+    child_env = dict(os.environ if env is None else env)
+    child_env["TOKENIZERS_PARALLELISM"] = "false"
+    if data.source == "local":
+        child_env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    if api_key:
+        child_env["OPENAI_API_KEY"] = api_key
+    return child_env
+
+
+def _run_lm_eval(argv: list[str], env: dict[str, str], log_path: Path, arm: str, endpoint: Endpoint,
+                 settings: GsmSettings) -> int:
+    """Spawn lm-eval, wait for it (stopping it on timeout or a dead server), return its exit code.
+
+    Raises:
+        AccuracyError: it cannot start, ran past ``settings.timeout_s``, or the server died.
+    """
+    started = time.monotonic()
+    try:
+        proc = procs.spawn(argv, env, log_path)
+    except OSError as error:
+        raise AccuracyError(f"cannot start lm-eval ({error.strerror or error}); run scripts/setup.sh") from None
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > settings.timeout_s:
+                raise AccuracyError(f"GSM8K on {arm} timeout: lm-eval still running after accuracy.timeout_s = "
+                                    f"{settings.timeout_s:.0f} s and was stopped; raise accuracy.timeout_s or lower "
+                                    f"--gsm8k-limit (log {log_path})")
+            if endpoint.alive is not None and not endpoint.alive():
+                raise AccuracyError(f"GSM8K on {arm}: the server died during the lm-eval run (log {log_path})")
+            time.sleep(settings.poll_s)
+    finally:
+        procs.stop(proc, grace_s=10.0)
+    return proc.returncode
 
 
 def _last_line(path: Path) -> str:
@@ -496,7 +542,7 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "ACCURACY_COLUMNS", "AccuracyError", "ArmResult", "GsmData", "REFERENCE", "check_data_dir", "gsm8k_command",
+    "ACCURACY_COLUMNS", "AccuracyError", "ArmResult", "Endpoint", "GsmData", "GsmSettings", "REFERENCE", "check_data_dir", "gsm8k_command",
     "load_summary", "paired", "parse_samples", "read_rows", "record_skipped", "resolve_data_dir", "run_gsm8k",
     "summarize", "write_task_yaml",
 ]

@@ -281,10 +281,9 @@ class Runner:
         self.console.print(f"[bold]{arm}[/]: GSM8K through lm-eval ({spec.num_fewshot}-shot, limit {spec.limit})")
         started = time.monotonic()
         try:
-            result = accuracy.run_gsm8k(self.run_dir, arm, server.base_url, server.served_model_name, data,
-                                        num_fewshot=spec.num_fewshot, limit=spec.limit,
-                                        num_concurrent=spec.num_concurrent, timeout_s=spec.timeout_s,
-                                        api_key=os.environ.get("VLLM_API_KEY"), alive=server.alive)
+            endpoint = accuracy.Endpoint(server.base_url, server.served_model_name, os.environ.get("VLLM_API_KEY"),
+                                         server.alive)
+            result = accuracy.run_gsm8k(self.run_dir, arm, endpoint, data, accuracy.GsmSettings.of(spec))
             scores = ", ".join(f"{name} {100 * v['accuracy']:.1f} %" for name, v in result.filters.items()
                                if v.get("accuracy") is not None)
             self.console.print(f"{arm}: GSM8K {result.n} questions: {scores}")
