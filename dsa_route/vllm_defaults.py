@@ -410,6 +410,15 @@ def _engine_args(server_args: Sequence[str]):
     return AsyncEngineArgs.from_cli_args(args)
 
 
+def _refusal_message(error: Exception) -> str:
+    """vLLM's own words: the messages of a pydantic ValidationError (vLLM's configs are pydantic dataclasses), else
+    the first line."""
+    if callable(getattr(error, "errors", None)):
+        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in error.errors())
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def resolve_serve(server_args: Sequence[str], env: Mapping[str, str], platform: str, *, has_triton: bool | None = None,
                   device_capability: tuple[int, int] = DEFAULT_CAPABILITY, apply_plugin: bool = True) -> EffectivePath:
     """Resolve ``vllm serve <server_args>`` under ``env`` on ``platform`` the way the server would, without starting it.
@@ -440,8 +449,10 @@ def resolve_serve(server_args: Sequence[str], env: Mapping[str, str], platform: 
         try:
             config = _engine_args(server_args).create_engine_config()
             v2 = config.use_v2_model_runner
-        except (ValueError, AssertionError) as error:
-            raise VllmRefusal(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
+        except (ValueError, AssertionError) as error:  # what `vllm serve` would exit with
+            raise VllmRefusal(_refusal_message(error)) from error
+        except (ImportError, AttributeError, TypeError, KeyError) as error:
+            raise _internals("config resolution failed under the simulated platform", error) from error
         import vllm.envs as envs
 
         arch = config.model_config.architectures[0]
@@ -459,3 +470,44 @@ def resolve_serve(server_args: Sequence[str], env: Mapping[str, str], platform: 
             kv_cache_dtype=str(config.cache_config.cache_dtype),
             env={k: os.environ[k] for k in PATH_ENV if k in os.environ}, plugin_line=line,
         )
+
+
+# --- intended vs effective -------------------------------------------------------------------------------------------
+
+# The knob that sets each compared field, named in every mismatch.
+KNOBS: Mapping[str, str] = {
+    "model_runner": "VLLM_USE_V2_MODEL_RUNNER",
+    "breakable_cudagraph": "VLLM_USE_BREAKABLE_CUDAGRAPH",
+    "compilation_mode": "--compilation-config mode",
+    "cudagraph_mode": "--compilation-config cudagraph_mode",
+    "implementation": "DSA_ROUTE (the dsa_route plugin's ModelRegistry entry)",
+    "mtp_implementation": "DSA_ROUTE + --speculative-config (the draft's ModelRegistry entry)",
+    "mtp_enforce_eager": "--speculative-config enforce_eager",
+}
+
+
+def intended_path(intended: Mapping, decision: Mapping, platform: str) -> dict:
+    """The fields :func:`path_mismatches` compares, from a plan arm.
+
+    Args:
+        intended: ``routing.expected_observation(...)`` (``ArmPlan.intended``): runner, modes, breakable.
+        decision: ``RouteDecision.to_dict()`` (``ArmPlan.decision``): implementation and MTP draft.
+        platform: the arm's platform (the implementation is resolved through the platform package there).
+    """
+    out = {name: intended[name] for name in ("model_runner", "compilation_mode", "cudagraph_mode",
+                                             "breakable_cudagraph")}
+    impl, arch = decision["implementation"], decision["architectures"][0]
+    if arch in impl:
+        out["implementation"] = resolve_target(impl[arch], platform)
+    if decision.get("mtp_architecture") and "DeepseekV32MTPModel" in impl:
+        out["mtp_implementation"] = resolve_target(impl["DeepseekV32MTPModel"], platform)
+        out["mtp_enforce_eager"] = bool(decision["mtp_enforce_eager"])
+    return out
+
+
+def path_mismatches(intended: Mapping, effective: EffectivePath) -> list[str]:
+    """``"<field>: intended X, vLLM resolved Y (knob: K)"`` for each field of ``intended`` vLLM resolved otherwise."""
+    seen = effective.to_dict()
+    seen["mtp_enforce_eager"] = bool(seen["mtp_enforce_eager"])
+    return [f"{name}: intended {value!r}, vLLM {effective.vllm_version} resolved {seen[name]!r} (knob: {KNOBS[name]})"
+            for name, value in intended.items() if seen[name] != value]
