@@ -374,7 +374,8 @@ class EffectivePath:
 
     Names are vLLM's: ``model_runner`` ``"v1"|"v2"``, ``compilation_mode`` a CompilationMode name,
     ``cudagraph_mode`` a CUDAGraphMode name; ``implementation`` / ``mtp_implementation`` the resolved
-    ``"module:Class"``; ``env`` the path variables the server process ends with (after plugin and vLLM wrote them).
+    ``"module:Class"``; ``env`` the path variables the server process ends with (after plugin and vLLM wrote them);
+    ``plugin_line`` the ``dsa_route:`` line the plugin would print.
     """
 
     vllm_version: str
@@ -391,6 +392,7 @@ class EffectivePath:
     kv_cache_dtype: str
     env: dict
     plugin_line: str | None
+    config_text: str  # str(VllmConfig): what the engine core logs after "Initializing a V1 LLM engine (v…) with config:"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -468,7 +470,7 @@ def resolve_serve(server_args: Sequence[str], env: Mapping[str, str], platform: 
             mtp_implementation=resolve_target(registered_target(draft) or "?", platform) if draft else None,
             mtp_enforce_eager=getattr(spec, "enforce_eager", None) if spec is not None else None,
             kv_cache_dtype=str(config.cache_config.cache_dtype),
-            env={k: os.environ[k] for k in PATH_ENV if k in os.environ}, plugin_line=line,
+            env={k: os.environ[k] for k in PATH_ENV if k in os.environ}, plugin_line=line, config_text=str(config),
         )
 
 
