@@ -558,8 +558,9 @@ def _platform_path(decision: RouteDecision, platform: str, has_triton: bool) -> 
         graphs = "NONE"
     elif decision.compilation_mode == "VLLM_COMPILE" or decision.breakable_cudagraph:
         graphs = GRAPH_MODE_WITH_GRAPHS
-    else:  # compiled off without breakable graphs: vLLM drops the piecewise half (_normalize_piecewise_cudagraph_mode)
-        graphs = "FULL"
+    else:  # compiled off without breakable graphs: vLLM drops the piecewise half (vllm/config/vllm.py
+        # _normalize_piecewise_cudagraph_mode; vllm/config/compilation.py CUDAGraphMode.without_piecewise)
+        graphs = "FULL_DECODE_ONLY"
     return runner, decision.breakable_cudagraph, decision.compilation_mode, graphs
 
 

@@ -12,12 +12,12 @@ machine — the way vLLM's own config tests check per-platform routing. This mod
   CUDA graphs, compilation mode, registered and resolved implementation, MTP draft architecture, or the reason it
   refuses to start), computed by vLLM's own functions on a stub config. Feeds ``routing.decide(route="auto",
   vllm_choice=...)``.
-- :func:`resolve_serve` — the effective path of a whole ``vllm serve`` command: the dsa_route plugin applied to the
-  command line and environment as in the server process, then vLLM's argument parser and
-  ``EngineArgs.create_engine_config``.
+
+:mod:`dsa_route.vllm_resolve` resolves whole ``vllm serve`` commands on top of this.
 
 Everything here reads vLLM 0.32 internals (file and function named next to each use); :func:`require_supported`
-turns any other version into one line ``vLLM internals changed: …``.
+turns any other version into one line ``vLLM internals changed: …``. Together with :mod:`dsa_route.vllm_resolve` and
+:mod:`dsa_route.plugin`, the only modules of dsa_route that import vllm.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import importlib.util
 import os
 import sys
 import types
-from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
@@ -49,10 +48,6 @@ SIMULATED_GPUS = 8  # GPUs the simulated node reports (ParallelConfig checks ten
 
 class VllmInternalsChanged(RuntimeError):
     """The installed vLLM is not a version (or no longer has the function) this module reads; one line."""
-
-
-class VllmRefusal(ValueError):
-    """vLLM refused the configuration (what ``vllm serve`` would fail with at startup); ``str()`` is vLLM's message."""
 
 
 def vllm_version() -> str | None:
@@ -78,7 +73,7 @@ def require_supported() -> str:
     return version
 
 
-def _internals(what: str, error: BaseException) -> VllmInternalsChanged:
+def internals_changed(what: str, error: BaseException) -> VllmInternalsChanged:
     return VllmInternalsChanged(f"vLLM internals changed: {what} ({type(error).__name__}: {error}) in vLLM "
                                 f"{vllm_version()}")
 
@@ -172,7 +167,7 @@ def simulated_platform(platform: str, *, env: Mapping[str, str] | None = None, h
         registry = ModelRegistry.models
         pristine = _vllm_registry()
     except (ImportError, AttributeError) as error:
-        raise _internals("a module or name dsa_route.vllm_defaults patches is gone", error) from error
+        raise internals_changed("a module or name dsa_route.vllm_defaults patches is gone", error) from error
     triton = (platform != "cpu" or triton_utils.HAS_TRITON) if has_triton is None else has_triton
     saved_class, saved_models = current_platform.__class__, dict(registry)
     if platform != "cpu":
@@ -289,10 +284,17 @@ def _stub_config(architectures: Sequence[str]) -> types.SimpleNamespace:
     from vllm.config.compilation import CompilationMode
     from vllm.config.vllm import VllmConfig
 
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    # The default graphs (FULL_AND_PIECEWISE) where the platform has static graphs; the CPU platform forces NONE
+    # (vllm/platforms/interface.py ``support_static_graph_mode``, vllm/platforms/cpu.py check_and_update_config).
+    graphs = CUDAGraphMode.FULL_AND_PIECEWISE if current_platform.support_static_graph_mode() else CUDAGraphMode.NONE
     stub = types.SimpleNamespace(
         attention_config=types.SimpleNamespace(hisparse_config=None), watermark_config=None,
         model_config=types.SimpleNamespace(architectures=list(architectures)),
-        compilation_config=types.SimpleNamespace(mode=CompilationMode.VLLM_COMPILE),
+        compilation_config=types.SimpleNamespace(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=graphs,
+                                                 max_cudagraph_capture_size=None, cudagraph_capture_sizes=None),
         _get_v2_model_runner_unsupported_features=lambda: [],
         _uses_breakable_cudagraph_for_batch_invariance=lambda: False,
     )
@@ -320,6 +322,7 @@ def _choose(architectures: Sequence[str], platform: str, env: Mapping[str, str],
         stub.compilation_config.mode = CompilationMode.NONE
     auto_enabled = "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ and stub._uses_breakable_cudagraph_by_default()
     breakable = bool(VllmConfig._maybe_enable_breakable_cudagraph(stub))
+    VllmConfig._normalize_piecewise_cudagraph_mode(stub, breakable_cudagraph_enabled=breakable)
     registered = {a: t for a in architectures if (t := registered_target(a)) is not None}
     mtp = mtp_architecture(speculative_model_type, architectures[0]) if speculative_model_type and architectures \
         else None
@@ -329,6 +332,7 @@ def _choose(architectures: Sequence[str], platform: str, env: Mapping[str, str],
         "vllm_version": vllm_version(), "platform": platform, "architectures": list(architectures),
         "model_runner": "v2" if v2 else "v1", "breakable_cudagraph": breakable,
         "breakable_auto_enabled": auto_enabled, "compilation_mode": stub.compilation_config.mode.name,
+        "cudagraph_mode": stub.compilation_config.cudagraph_mode.name,
         "registered": registered, "resolved": {a: resolve_target(t, platform) for a, t in registered.items()},
         "mtp_architecture": mtp, "refusal": refusal,
     }
@@ -348,7 +352,8 @@ def vllm_choice(architectures: Sequence[str] | str, platform: str, *, env: Mappi
 
     Returns:
         ``{"vllm_version", "platform", "architectures", "model_runner": "v1"|"v2", "breakable_cudagraph": bool,
-        "breakable_auto_enabled": bool, "compilation_mode": CompilationMode name, "registered": {arch: "module:Class"},
+        "breakable_auto_enabled": bool, "compilation_mode": CompilationMode name, "cudagraph_mode": CUDAGraphMode
+        name, "registered": {arch: "module:Class"},
         "resolved": {arch: "module:Class" on the platform}, "mtp_architecture": str|None, "refusal": str|None}``;
         ``refusal`` is vLLM's message when this environment makes it refuse to start. ``compilation_mode`` is the
         mode before the platform's own rewrite (CPU runs ``VLLM_COMPILE`` as ``DYNAMO_TRACE_ONCE``).
@@ -362,154 +367,4 @@ def vllm_choice(architectures: Sequence[str] | str, platform: str, *, env: Mappi
         try:
             return _choose(archs, platform, env, speculative_model_type)
         except (AttributeError, TypeError) as error:
-            raise _internals("VllmConfig's runner / breakable-graph functions changed", error) from error
-
-
-# --- the effective path of a whole `vllm serve` command --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EffectivePath:
-    """The path vLLM's configuration resolved for one server command (after the dsa_route plugin, as in the server).
-
-    Names are vLLM's: ``model_runner`` ``"v1"|"v2"``, ``compilation_mode`` a CompilationMode name,
-    ``cudagraph_mode`` a CUDAGraphMode name; ``implementation`` / ``mtp_implementation`` the resolved
-    ``"module:Class"``; ``env`` the path variables the server process ends with (after plugin and vLLM wrote them);
-    ``plugin_line`` the ``dsa_route:`` line the plugin would print.
-    """
-
-    vllm_version: str
-    platform: str
-    architecture: str
-    model_runner: str
-    compilation_mode: str
-    cudagraph_mode: str
-    breakable_cudagraph: bool
-    implementation: str
-    mtp_architecture: str | None
-    mtp_implementation: str | None
-    mtp_enforce_eager: bool | None
-    kv_cache_dtype: str
-    env: dict
-    plugin_line: str | None
-    config_text: str  # str(VllmConfig): what the engine core logs after "Initializing a V1 LLM engine (v…) with config:"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _engine_args(server_args: Sequence[str]):
-    """``AsyncEngineArgs`` from ``vllm serve`` arguments, through vLLM's own serve parser
-    (vllm/entrypoints/launchers/cli_args.py ``make_arg_parser``; the positional model tag wins, as in
-    vllm/entrypoints/cli/serve.py ``ServeSubcommand.cmd``)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    args = make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(list(server_args))
-    if getattr(args, "model_tag", None) is not None:
-        args.model = args.model_tag
-    return AsyncEngineArgs.from_cli_args(args)
-
-
-def _refusal_message(error: Exception) -> str:
-    """vLLM's own words: the messages of a pydantic ValidationError (vLLM's configs are pydantic dataclasses), else
-    the first line."""
-    if callable(getattr(error, "errors", None)):
-        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in error.errors())
-    text = str(error)
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def resolve_serve(server_args: Sequence[str], env: Mapping[str, str], platform: str, *, has_triton: bool | None = None,
-                  device_capability: tuple[int, int] = DEFAULT_CAPABILITY, apply_plugin: bool = True) -> EffectivePath:
-    """Resolve ``vllm serve <server_args>`` under ``env`` on ``platform`` the way the server would, without starting it.
-
-    Args:
-        server_args: everything after ``vllm serve`` (model first or ``--model``); must name a local model directory
-            or ``--hf-config-path`` that holds config.json (nothing is fetched).
-        env: the server environment (the arm's ``server_env``).
-        platform, has_triton, device_capability: see :func:`simulated_platform`.
-        apply_plugin: run dsa_route's plugin first (``dsa_route.plugin.apply``), as every server process of this venv
-            does; False shows what plain vLLM does.
-
-    Returns:
-        :class:`EffectivePath`.
-
-    Raises:
-        VllmRefusal: vLLM rejects the configuration (the server would not start).
-        VllmInternalsChanged: see :func:`require_supported`.
-    """
-    from dsa_route import plugin
-
-    with simulated_platform(platform, env=env, has_triton=has_triton, device_capability=device_capability):
-        line = None
-        if apply_plugin:
-            result = plugin.apply(os.environ, ["vllm", "serve", *server_args], plugin.probe_installed_vllm,
-                                  process="simulated")
-            line = result[0] if result else None
-        try:
-            config = _engine_args(server_args).create_engine_config()
-            v2 = config.use_v2_model_runner
-        except (ValueError, AssertionError) as error:  # what `vllm serve` would exit with
-            raise VllmRefusal(_refusal_message(error)) from error
-        except (ImportError, AttributeError, TypeError, KeyError) as error:
-            raise _internals("config resolution failed under the simulated platform", error) from error
-        import vllm.envs as envs
-
-        arch = config.model_config.architectures[0]
-        spec = config.speculative_config
-        draft = spec.draft_model_config.architectures[0] if spec is not None and spec.draft_model_config else None
-        return EffectivePath(
-            vllm_version=vllm_version() or "", platform=platform, architecture=arch,
-            model_runner="v2" if v2 else "v1", compilation_mode=config.compilation_config.mode.name,
-            cudagraph_mode=config.compilation_config.cudagraph_mode.name,
-            breakable_cudagraph=bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH),
-            implementation=resolve_target(registered_target(arch) or "?", platform),
-            mtp_architecture=draft,
-            mtp_implementation=resolve_target(registered_target(draft) or "?", platform) if draft else None,
-            mtp_enforce_eager=getattr(spec, "enforce_eager", None) if spec is not None else None,
-            kv_cache_dtype=str(config.cache_config.cache_dtype),
-            env={k: os.environ[k] for k in PATH_ENV if k in os.environ}, plugin_line=line, config_text=str(config),
-        )
-
-
-# --- intended vs effective -------------------------------------------------------------------------------------------
-
-# The knob that sets each compared field, named in every mismatch.
-KNOBS: Mapping[str, str] = {
-    "model_runner": "VLLM_USE_V2_MODEL_RUNNER",
-    "breakable_cudagraph": "VLLM_USE_BREAKABLE_CUDAGRAPH",
-    "compilation_mode": "--compilation-config mode",
-    "cudagraph_mode": "--compilation-config cudagraph_mode",
-    "implementation": "DSA_ROUTE (the dsa_route plugin's ModelRegistry entry)",
-    "mtp_implementation": "DSA_ROUTE + --speculative-config (the draft's ModelRegistry entry)",
-    "mtp_enforce_eager": "--speculative-config enforce_eager",
-}
-
-
-def intended_path(intended: Mapping, decision: Mapping, platform: str) -> dict:
-    """The fields :func:`path_mismatches` compares, from a plan arm.
-
-    Args:
-        intended: ``routing.expected_observation(...)`` (``ArmPlan.intended``): runner, modes, breakable.
-        decision: ``RouteDecision.to_dict()`` (``ArmPlan.decision``): implementation and MTP draft.
-        platform: the arm's platform (the implementation is resolved through the platform package there).
-    """
-    out = {name: intended[name] for name in ("model_runner", "compilation_mode", "cudagraph_mode",
-                                             "breakable_cudagraph")}
-    impl, arch = decision["implementation"], decision["architectures"][0]
-    if arch in impl:
-        out["implementation"] = resolve_target(impl[arch], platform)
-    if decision.get("mtp_architecture") and "DeepseekV32MTPModel" in impl:
-        out["mtp_implementation"] = resolve_target(impl["DeepseekV32MTPModel"], platform)
-        out["mtp_enforce_eager"] = bool(decision["mtp_enforce_eager"])
-    return out
-
-
-def path_mismatches(intended: Mapping, effective: EffectivePath) -> list[str]:
-    """``"<field>: intended X, vLLM resolved Y (knob: K)"`` for each field of ``intended`` vLLM resolved otherwise."""
-    seen = effective.to_dict()
-    seen["mtp_enforce_eager"] = bool(seen["mtp_enforce_eager"])
-    return [f"{name}: intended {value!r}, vLLM {effective.vllm_version} resolved {seen[name]!r} (knob: {KNOBS[name]})"
-            for name, value in intended.items() if seen[name] != value]
+            raise internals_changed("VllmConfig's runner / breakable-graph functions changed", error) from error

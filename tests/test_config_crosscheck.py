@@ -3,7 +3,7 @@
 The plan's server command and environment per arm (harness.plan from routing.decide + serve_overrides) go through
 what ``vllm serve`` does before it loads weights — the dsa_route plugin on that argv and env, vLLM's serve parser,
 ``EngineArgs.create_engine_config`` with the scenario's config.json — under a simulated platform
-(dsa_route.vllm_defaults). The effective path must equal the plan's intended one. No server, no GPU: ~10 s for the
+(dsa_route.vllm_resolve). The effective path must equal the plan's intended one. No server, no GPU: ~10 s for the
 vLLM import (once per module) plus well under a second per resolution.
 
 Failures: ``vLLM internals changed: …`` (one line, naming the installed version) when vLLM is a release these checks do
@@ -58,14 +58,14 @@ PINNED = {
 
 @pytest.fixture(scope="module")
 def vd():
-    """dsa_route.vllm_defaults after the version gate (imports vLLM once for the module)."""
-    from dsa_route import vllm_defaults
+    """dsa_route.vllm_resolve after the version gate (imports vLLM once for the module)."""
+    from dsa_route import vllm_defaults, vllm_resolve
 
     try:
         vllm_defaults.require_supported()
     except vllm_defaults.VllmInternalsChanged as error:
         pytest.fail(str(error), pytrace=False)
-    return vllm_defaults
+    return vllm_resolve
 
 
 def gpu_plan(name: str, platform: str) -> plan_mod.Plan:
@@ -161,9 +161,9 @@ def test_the_simulation_leaves_no_trace(vd):
     from vllm import ModelRegistry
     from vllm.platforms import current_platform
 
-    before = (type(current_platform), dict(os.environ), vd.registered_target(V32))
+    before = (type(current_platform), dict(os.environ), {a: str(m) for a, m in ModelRegistry.models.items()})
     arm = gpu_plan("deepseek-v3.2-fp8-tp8", "rocm").arms[0]
     vd.resolve_serve(serve_args(arm), arm.server_env, "rocm")
-    assert (type(current_platform), dict(os.environ), vd.registered_target(V32)) == before
+    assert (type(current_platform), dict(os.environ), {a: str(m) for a, m in ModelRegistry.models.items()}) == before
     assert V32 in ModelRegistry.models
 

@@ -45,6 +45,9 @@ def disagreements(decision: routing.RouteDecision, choice: dict, env: dict) -> l
     out = [f"{name}: decide {getattr(decision, name)!r}, vLLM {choice[name]!r}"
            for name in ("model_runner", "breakable_cudagraph", "compilation_mode")
            if getattr(decision, name) != choice[name]]
+    graphs = routing.expected_observation(decision)["cudagraph_mode"]
+    if graphs != choice["cudagraph_mode"]:
+        out.append(f"cudagraph_mode: decide {graphs}, vLLM {choice['cudagraph_mode']}")
     if decision.platform in IMPLEMENTATION_COMPARED_ON:
         out += [f"implementation[{arch}]: decide {target}, vLLM {choice['registered'].get(arch)}"
                 for arch, target in decision.implementation.items() if choice["registered"].get(arch) != target]

@@ -335,7 +335,7 @@ def test_expected_observation_per_platform():
         "route": "candidate", "model_runner": "v2", "compilation_mode": "NONE",
         "cudagraph_mode": "FULL_AND_PIECEWISE", "breakable_cudagraph": True}
     compile_off = decide([V3], "cuda", env={"TORCH_COMPILE_DISABLE": "1"})
-    assert expected_observation(compile_off)["cudagraph_mode"] == "FULL"
+    assert expected_observation(compile_off)["cudagraph_mode"] == "FULL_DECODE_ONLY"
 
 
 @pytest.mark.slow
