@@ -30,14 +30,8 @@ IMPLEMENTATION_COMPARED_ON = ("cuda", "rocm")
 
 
 @pytest.fixture(scope="module")
-def vd():
-    from dsa_route import vllm_defaults
-
-    try:
-        vllm_defaults.require_supported()
-    except vllm_defaults.VllmInternalsChanged as error:
-        pytest.fail(str(error), pytrace=False)
-    return vllm_defaults
+def vd(supported_vllm):
+    return supported_vllm
 
 
 def disagreements(decision: routing.RouteDecision, choice: dict, env: dict) -> list[str]:
@@ -93,3 +87,11 @@ def test_auto_given_the_installed_choice_follows_it(vd):
                               vllm_choice=choice)
     assert disagreements(decision, choice, {}) == []
     assert dict(decision.env) == {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+
+
+def test_another_vllm_release_fails_in_one_line_naming_it(vd, monkeypatch):
+    monkeypatch.setattr(vd, "SUPPORTED_VLLM", ("9.9.",))
+    with pytest.raises(vd.VllmInternalsChanged) as caught:
+        vd.vllm_choice(["DeepseekV32ForCausalLM"], "cuda")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("vLLM internals changed: installed vLLM 0.32")
