@@ -2,15 +2,14 @@
 
 vLLM's configuration code is plain Python: with ``vllm.platforms.current_platform`` reporting CUDA or ROCm and
 ``HAS_TRITON`` patched, the CPU build (same source as the CUDA build) resolves a GPU server's configuration on this
-machine — the way vLLM's own config tests check per-platform routing. This module does that, and is, besides
-:mod:`dsa_route.plugin`, the only place in dsa_route that imports vllm.
+machine — the way vLLM's own config tests check per-platform routing. This module does that.
 
 - :func:`simulated_platform` — context manager: current platform switched to CUDA or ROCm (class swapped on the one
   ``current_platform`` object every vLLM module holds), Triton availability set, an exact environment, and vLLM's
   registry, ``os.environ`` and per-platform caches restored afterwards.
 - :func:`vllm_choice` — what vLLM itself picks for architectures × platform × environment (model runner, breakable
-  CUDA graphs, compilation mode, registered and resolved implementation, MTP draft architecture, or the reason it
-  refuses to start), computed by vLLM's own functions on a stub config. Feeds ``routing.decide(route="auto",
+  CUDA graphs, compilation and CUDA-graph mode, registered and resolved implementation, MTP draft architecture, or
+  the reason it refuses to start), computed by vLLM's own functions on a stub config. Feeds ``routing.decide(route="auto",
   vllm_choice=...)``.
 
 :mod:`dsa_route.vllm_resolve` resolves whole ``vllm serve`` commands on top of this.

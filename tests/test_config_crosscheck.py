@@ -17,12 +17,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsa_route import routing  # noqa: E402
 from harness import plan as plan_mod  # noqa: E402
 from harness.machine import Machine  # noqa: E402
 from harness.scenario import load_scenario, resolve_path  # noqa: E402
 
-V32, GLM = "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"
+V32 = "DeepseekV32ForCausalLM"
 NVIDIA = "vllm.models.deepseek_v32.nvidia"
 GENERIC = "vllm.model_executor.models.deepseek_v2"
 GENERIC_MTP = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
