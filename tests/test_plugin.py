@@ -92,12 +92,12 @@ def test_auto_on_cuda_matches_installed_registry_and_sets_env(tmp_path):
     assert fields(line)["registered"] == "{}"
 
 
-def test_auto_on_rocm_reroutes_away_from_the_amd_module(tmp_path):
+def test_auto_on_rocm_keeps_the_amd_module_and_vllm_defaults(tmp_path):
     vllm = FakeVllm("rocm", capability=(9, 4))
     environ: dict[str, str] = {}
     apply(environ, ["vllm", "serve", str(model_dir(tmp_path, V32, "deepseek_v32"))], vllm.probe)
-    assert dict(vllm.calls)[V32] == "vllm.model_executor.models.deepseek_v2:DeepseekV3ForCausalLM"
-    assert environ == {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+    assert vllm.calls == []  # vLLM 0.32's registry entry imports vllm.models.deepseek_v32.amd on ROCm
+    assert environ == {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 
 
 def test_auto_leaves_non_dsa_models_alone(tmp_path):

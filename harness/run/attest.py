@@ -31,6 +31,19 @@ Log lines read (vLLM 0.32; file:line as printed in the log prefix):
 - ``[model.py] Resolved architecture: X``, ``[api_utils.py] non-default args: {...}``, ``Using X backend.``,
   ``[core.py] init engine (profile, create kv cache, warmup model) took N s``.
 
+CUDA-only lines (vLLM 0.32; tests/fixtures/logs/cuda_*.log are built from them by tests/fixtures/make_cuda_logs.py):
+
+- ``[cuda.py:506] Using X attention backend out of potential backends: ['X', ...].`` (vllm/platforms/cuda.py
+  ``get_attn_backend_cls``) — e.g. FLASHMLA_SPARSE / FLASHINFER_MLA_SPARSE for DSA; joins ``attention_backends``.
+- ``[breakable_cudagraph.py:294] Breakable CUDA graph enabled`` (vllm/compilation/breakable_cudagraph.py
+  ``BreakableCUDAGraphWrapper.__init__``) — vLLM's breakable wrapper was built: breakable graphs on.
+- ``[model_runner.py:1127] Graph capturing finished in N secs, took X GiB`` — logged by Model Runner V2
+  (vllm/v1/worker/gpu/model_runner.py ``capture_model``) → v2; the same text from ``[gpu_model_runner.py:6581]``
+  (the V1 runner) → v1. Also the capture time and memory.
+- ``'cudagraph_capture_sizes': [...]`` inside the engine core's config line — the batch sizes captured.
+- ``[gpu_worker.py:518] Using V2 Model Runner`` and ``[vllm.py:818] Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1``
+  (above) appear on CUDA too.
+
 Not used as evidence: ``Inductor compilation was disabled by user settings`` — vLLM 0.32 prints it on CPU even for a
 compiled server (the engine core re-validates a config whose mode the CPU platform already rewrote).
 """
@@ -68,7 +81,11 @@ _COMPILE_EVIDENCE = re.compile(
     r"|Dynamo bytecode transform time|loaded AOT compiled function")
 _ARCH = re.compile(r"Resolved architecture: (?P<arch>\S+)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")
-_ATTN = re.compile(r"Using (?P<backend>[\w]+) backend\.")
+_ATTN = re.compile(r"Using (?P<backend>[\w]+) (?:attention backend out of potential backends|backend\.)")
+_BREAKABLE_WRAPPER = re.compile(r"Breakable CUDA graph enabled")
+_CAPTURE = re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs, took (?P<gib>-?[\d.]+) GiB")
+_CAPTURE_SIZES = re.compile(r"'cudagraph_capture_sizes': \[(?P<sizes>[\d, ]*)\]")
+_V2_RUNNER_FILES = ("model_runner.py",)  # vllm/v1/worker/gpu/model_runner.py (MRV2); MRV1 is gpu_model_runner.py
 _INIT_TIME = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<s>[\d.]+) s")
 _ERROR = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d ")
 _VERSION_BANNER = re.compile(r"version (?P<version>\d+\.\d+\.\d+\S*)")
@@ -127,13 +144,15 @@ def observe_from_log(text: str) -> dict[str, Any]:
         A JSON-serialisable dict. Path fields (None when the log does not say):
         ``route`` (from the ``dsa_route:`` line), ``model_runner`` (``"v1" | "v2"``), ``compilation_mode`` (a
         CompilationMode name, e.g. ``"DYNAMO_TRACE_ONCE"``), ``cudagraph_mode`` (a CUDAGraphMode name),
-        ``breakable_cudagraph`` (bool: vLLM's auto-enable line, else the value the plugin put in the server's
-        environment). Detail fields: ``dsa_route`` (fields of the first line), ``dsa_route_lines`` (count),
+        ``breakable_cudagraph`` (bool: vLLM's auto-enable line or its breakable wrapper's line, else the value the
+        plugin put in the server's environment). Detail fields: ``dsa_route`` (fields of the first line), ``dsa_route_lines`` (count),
         ``dsa_route_processes``, ``dsa_route_consistent`` (every process logged the same decision),
         ``breakable_auto_enabled``, ``model_runner_evidence``, ``compilation_backend``, ``compiled`` (True when a
         torch.compile line appears, None otherwise), ``compile_evidence`` (up to 3 lines), ``vllm_version``,
         ``architecture``, ``kv_cache_dtype``, ``enforce_eager``, ``speculative_config``, ``attention_backends``,
-        ``non_default_args``, ``engine_init_s``, ``errors`` (up to 5 ERROR lines). Never raises on odd text.
+        ``non_default_args``, ``engine_init_s``, ``errors`` (up to 5 ERROR lines), and on CUDA
+        ``breakable_wrapper`` (bool), ``cudagraph_capture_sizes`` (list of batch sizes), ``graph_capture_s`` and
+        ``graph_capture_gib`` (first capture). Never raises on odd text.
     """
     obs: dict[str, Any] = {
         "route": None, "model_runner": None, "compilation_mode": None, "cudagraph_mode": None,
@@ -143,6 +162,8 @@ def observe_from_log(text: str) -> dict[str, Any]:
         "compiled": None, "compile_evidence": [], "vllm_version": None, "architecture": None,
         "kv_cache_dtype": None, "enforce_eager": None, "speculative_config": None, "attention_backends": [],
         "non_default_args": None, "engine_init_s": None, "errors": [],
+        "breakable_wrapper": False, "cudagraph_capture_sizes": None, "graph_capture_s": None,
+        "graph_capture_gib": None,
     }
     decisions: list[str] = []
     v1_evidence = v2_evidence = None
@@ -176,6 +197,8 @@ def observe_from_log(text: str) -> dict[str, Any]:
                 obs["compilation_backend"] = m.group("backend")
             if (m := _GRAPHS.search(config)) is not None:
                 obs["cudagraph_mode"] = m.group("graphs")
+            if (m := _CAPTURE_SIZES.search(config)) is not None:
+                obs["cudagraph_capture_sizes"] = [int(x) for x in m.group("sizes").split(",") if x.strip()]
             if (m := _SPEC.search(config)) is not None:
                 obs["speculative_config"] = None if m.group("value") == "None" else m.group("value")
             for name in ("kv_cache_dtype", "enforce_eager"):
@@ -184,12 +207,17 @@ def observe_from_log(text: str) -> dict[str, Any]:
                     obs[name] = {"True": True, "False": False, "None": None}.get(value, value)
             continue
 
-        if v2_evidence is None and _V2_USED.search(body):
+        src = _SRC.search(body)
+        if v2_evidence is None and (_V2_USED.search(body) or (src and src.group("file") in _V2_RUNNER_FILES)):
             v2_evidence = body
         elif v1_evidence is None and _V1_FALLBACK.search(body):
             v1_evidence = body
-        elif v1_evidence is None and (src := _SRC.search(body)) and src.group("file") in _V1_RUNNER_FILES:
+        elif v1_evidence is None and src and src.group("file") in _V1_RUNNER_FILES:
             v1_evidence = body
+        if _BREAKABLE_WRAPPER.search(body):
+            obs["breakable_wrapper"] = True
+        if obs["graph_capture_s"] is None and (m := _CAPTURE.search(body)):
+            obs["graph_capture_s"], obs["graph_capture_gib"] = float(m.group("s")), float(m.group("gib"))
         if _BREAKABLE_AUTO.search(body):
             obs["breakable_auto_enabled"] = True
         if _COMPILE_EVIDENCE.search(body):
@@ -219,7 +247,7 @@ def observe_from_log(text: str) -> dict[str, Any]:
         obs["route"] = route_fields.get("route")
         obs["dsa_route_consistent"] = len(set(decisions)) == 1
     env = route_fields.get("env") if isinstance(route_fields.get("env"), dict) else {}
-    if obs["breakable_auto_enabled"]:
+    if obs["breakable_auto_enabled"] or obs["breakable_wrapper"]:
         obs["breakable_cudagraph"] = True
     elif "VLLM_USE_BREAKABLE_CUDAGRAPH" in env:
         obs["breakable_cudagraph"] = env["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
