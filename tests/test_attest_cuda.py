@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import plan as plan_mod
-from harness.attest import attest, observe_from_log
-from harness.machine import Machine
-from harness.scenario import load_scenario
+from harness.run import plan as plan_mod
+from harness.run.attest import attest, observe_from_log
+from harness.run.machine import Machine
+from harness.run.scenario import load_scenario
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOGS = FIXTURES / "logs"

@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from harness import plan as plan_mod  # noqa: E402
-from harness.machine import Machine  # noqa: E402
-from harness.scenario import load_scenario, resolve_path  # noqa: E402
+from harness.run import plan as plan_mod  # noqa: E402
+from harness.run.machine import Machine  # noqa: E402
+from harness.run.scenario import load_scenario, resolve_path  # noqa: E402
 
 V32 = "DeepseekV32ForCausalLM"
 NVIDIA = "vllm.models.deepseek_v32.nvidia"
