@@ -37,7 +37,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-GENERATOR_VERSION = 2  # bump when what a spec generates changes (2: the repeat-last recipe)
+GENERATOR_VERSION = 3  # bump when what a spec generates changes (2: the repeat-last recipe; 3: 16 index heads)
 MANIFEST_FILE = "dsa-route-tinydsa.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 TORCH_DTYPES = ("bfloat16", "float32")
@@ -65,7 +65,7 @@ class TinyDsaSpec:
     qk_nope_head_dim: int = 64
     qk_rope_head_dim: int = 64
     v_head_dim: int = 64
-    index_n_heads: int = 4
+    index_n_heads: int = 16
     index_head_dim: int = 128
     index_topk: int = 32
     n_routed_experts: int = 8

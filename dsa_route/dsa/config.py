@@ -283,9 +283,11 @@ class DsaConfig:
     @classmethod
     def tiny(cls, model_type: str = "deepseek_v32", **overrides: Any) -> "DsaConfig":
         """A CPU-test preset with the real MLA cache geometry (kv_lora_rank 512, rope 64 → 656 B fp8_ds_mla rows,
-        index_head_dim 128 → 132 B indexer rows), ``index_topk`` 64, 3 layers (1 dense + 2 MoE: 16 experts in 4
-        groups, 2 groups selectable, 3 experts per token, so the group limit binds) and 1 MTP layer. ``glm_moe_dsa``
-        gives the GLM flavour: interleaved indexer RoPE, plain RoPE and a shared-top-k layer."""
+        index_head_dim 128 → 132 B indexer rows), 16 index heads (with 4, exact-zero ReLU scores tie often and top-k
+        ties rather than numerics decide comparisons with other implementations), ``index_topk`` 64, 3 layers
+        (1 dense + 2 MoE: 16 experts in 4 groups, 2 groups selectable, 3 experts per token, so the group limit binds)
+        and 1 MTP layer. ``glm_moe_dsa`` gives the GLM flavour: interleaved indexer RoPE, plain RoPE and a
+        shared-top-k layer."""
         hf = {
             "model_type": model_type,
             "vocab_size": 512,
@@ -299,7 +301,7 @@ class DsaConfig:
             "qk_nope_head_dim": 32,
             "qk_rope_head_dim": 64,
             "v_head_dim": 32,
-            "index_n_heads": 4,
+            "index_n_heads": 16,
             "index_head_dim": 128,
             "index_topk": 64,
             "n_routed_experts": 16,
