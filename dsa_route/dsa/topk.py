@@ -5,11 +5,16 @@ Shape legend: S queries, T keys, K = index_topk.
 Contract (vLLM ``topk_indices_buffer [num_tokens, index_topk]`` int32, consumed by FlashMLA sparse; DeepSeek-V3.2-Exp
 ``Indexer.forward``: ``topk(min(index_topk, end_pos))``):
   - row s holds ``min(K, valid_s)`` distinct indices of keys it may see (``valid_s`` = number of non ``-inf`` logits),
-    followed by ``-1`` padding up to width K;
-  - the selection is a *set*: order is not part of the contract (kernels treat it as a set; this implementation returns
-    descending score order);
-  - ties are broken deterministically: among equal scores the lower key index wins (stable sort), so the same logits
-    always give the same set on every device.
+    in ascending key order, followed by ``-1`` padding up to width K (kernels treat a row as a set; ascending order
+    makes the output a pure function of the set);
+  - ties are broken deterministically: among equal scores the lower key index wins, so the same logits always give
+    the same set on every device (the set a stable descending sort would take);
+  - NaN ranks highest, as in ``torch.topk`` / ``torch.sort``: a NaN logit is selected, never silently dropped, so a
+    poisoned indexer key or query surfaces downstream instead of being hidden.
+
+Implementation: ``torch.topk`` (partial selection, ~10x cheaper than a full sort at T = 8192, K = 2048), then a tie
+fix-up: only rows whose k-th score also occurs outside the selection (ties straddling the boundary) are re-selected
+with a stable sort.
 """
 
 from __future__ import annotations
@@ -17,19 +22,33 @@ from __future__ import annotations
 import torch
 
 
-def topk_indices(logits: torch.Tensor, topk: int) -> torch.Tensor:
-    """Select up to ``topk`` keys per row of ``logits [S, T]`` (fp32, ``-inf`` = not visible).
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise equality that counts NaN == NaN (NaN ranks as one value, above +inf)."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
 
-    Returns ``int32 [S, topk]``: key indices into the T axis, ``-1`` where a row has fewer than ``topk`` visible keys.
-    Raises ValueError when ``topk <= 0``. NaN logits are treated as not visible.
+
+def topk_indices(logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """Select up to ``topk`` keys per row of ``logits [S, T]`` (fp32, ``-inf`` = not visible; see module contract).
+
+    Returns ``int32 [S, topk]``: ascending key indices into the T axis, ``-1`` padding where a row has fewer than
+    ``topk`` visible keys. Raises ValueError when ``topk <= 0``.
     """
     if topk <= 0:
         raise ValueError(f"topk_indices: topk must be > 0, got {topk}")
     S, T = logits.shape
-    scores = logits.float().masked_fill(torch.isnan(logits), float("-inf"))
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :topk]  # ties: lower index first
+    scores = logits.float()
+    k = min(topk, T)
+    values, order = torch.topk(scores, k, dim=-1)  # descending; NaN first; order among equal values unspecified
+    boundary = values[:, -1:]  # [S,1] the k-th score
+    straddles = _same(scores, boundary).sum(-1) > _same(values, boundary).sum(-1)
+    straddles &= boundary[:, 0] != float("-inf")  # tied -inf entries are padding whichever is taken
+    if bool(straddles.any()):  # lower index wins among the boundary ties: a stable sort of just those rows
+        rows = straddles.nonzero()[:, 0]
+        order[rows] = torch.sort(scores[rows], dim=-1, descending=True, stable=True).indices[:, :k]
     chosen = torch.gather(scores, 1, order)
-    out = torch.where(chosen > float("-inf"), order, torch.full_like(order, -1)).to(torch.int32)
-    if out.shape[1] < topk:  # fewer keys than topk in total: pad to the fixed width
-        out = torch.cat((out, out.new_full((S, topk - out.shape[1]), -1)), dim=1)
+    order = torch.where(chosen == float("-inf"), T, order)  # invisible: sorts last, becomes -1
+    order = torch.sort(order, dim=-1).values
+    out = torch.where(order == T, -1, order).to(torch.int32)
+    if k < topk:  # fewer keys than topk in total: pad to the fixed width
+        out = torch.cat((out, out.new_full((S, topk - k), -1)), dim=1)
     return out
