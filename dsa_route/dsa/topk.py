@@ -22,11 +22,6 @@ from __future__ import annotations
 import torch
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise equality that counts NaN == NaN (NaN ranks as one value, above +inf)."""
-    return (a == b) | (torch.isnan(a) & torch.isnan(b))
-
-
 def topk_indices(logits: torch.Tensor, topk: int) -> torch.Tensor:
     """Select up to ``topk`` keys per row of ``logits [S, T]`` (fp32, ``-inf`` = not visible; see module contract).
 
@@ -40,13 +35,18 @@ def topk_indices(logits: torch.Tensor, topk: int) -> torch.Tensor:
     k = min(topk, T)
     values, order = torch.topk(scores, k, dim=-1)  # descending; NaN first; order among equal values unspecified
     boundary = values[:, -1:]  # [S,1] the k-th score
-    straddles = _same(scores, boundary).sum(-1) > _same(values, boundary).sum(-1)
-    straddles &= boundary[:, 0] != float("-inf")  # tied -inf entries are padding whichever is taken
+    if bool(torch.isnan(boundary).any()):  # k or more NaNs: compare NaN-aware (NaN ranks as one value)
+        in_row = torch.isnan(scores).sum(-1) + (scores == boundary).sum(-1)
+        in_top = torch.isnan(values).sum(-1) + (values == boundary).sum(-1)
+    else:
+        in_row, in_top = (scores == boundary).sum(-1), (values == boundary).sum(-1)
+    straddles = (in_row > in_top) & (boundary[:, 0] != float("-inf"))  # tied -inf entries are padding anyway
     if bool(straddles.any()):  # lower index wins among the boundary ties: a stable sort of just those rows
         rows = straddles.nonzero()[:, 0]
         order[rows] = torch.sort(scores[rows], dim=-1, descending=True, stable=True).indices[:, :k]
-    chosen = torch.gather(scores, 1, order)
-    order = torch.where(chosen == float("-inf"), T, order)  # invisible: sorts last, becomes -1
+        values = torch.gather(scores, 1, order)
+    if bool((values[:, -1] == float("-inf")).any()):  # invisible entries sort last, then become -1
+        order = torch.where(values == float("-inf"), T, order)
     order = torch.sort(order, dim=-1).values
     out = torch.where(order == T, -1, order).to(torch.int32)
     if k < topk:  # fewer keys than topk in total: pad to the fixed width
