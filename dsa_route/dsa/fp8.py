@@ -10,9 +10,11 @@ Formula (DeepSeek-V3.2-Exp ``inference/kernel.py::act_quant_kernel`` with ``roun
 Dequantization is ``q · scale``. Because ``scale >= amax/448`` every value fits, and a power-of-two scale makes the
 division exact, so the only error is e4m3's 3-bit mantissa rounding (relative error <= 2^-4 of the block amax).
 
-Non-finite inputs stay non-finite, as in the kernels: a block holding ±inf gets an infinite scale and a NaN one a NaN
-scale, so the whole block dequantizes to NaN (the kernels' ``x / inf`` and ``inf / inf``); ±inf is never saturated to
-448. An oracle must surface overflow, not hide it.
+Non-finite inputs stay non-finite: a block holding ±inf gets an infinite scale, so the whole block dequantizes to NaN
+(``x / inf`` and ``inf / inf``, what vLLM's ``_fp8_ue8m0_quantize`` computes: ``vllm/models/deepseek_v32/common/
+kernels.py`` l.62-70, ``exp2(ceil(log2(inf))) = inf``); a NaN gets a NaN scale likewise (a GPU ``fmaxf`` reduction may
+skip NaN instead; the oracle prefers to surface it). ±inf is never saturated to 448: an oracle must surface overflow,
+not hide it.
 """
 
 from __future__ import annotations
