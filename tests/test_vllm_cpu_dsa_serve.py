@@ -120,6 +120,29 @@ def _reference_tokens(model_dir: Path, dtype: str, prompt_ids: list[list[int]]) 
     return [model.generate(torch.tensor([ids]), NEW_TOKENS)[0].tolist() for ids in prompt_ids]
 
 
+NEAR_TIE = 2e-3  # fp32 logit margin below which a compiled kernel's rounding may pick the runner-up
+
+
+def _assert_greedy_equal_up_to_near_ties(model_dir: Path, prompt_ids: list[list[int]], served: list[list[int]],
+                                         reference: list[list[int]], near_tie: float) -> None:
+    """Each served row equals the reference, or first departs from it where the reference's logit of the served
+    token is within ``near_tie`` of its top logit (a rounding-level tie; seeded random weights have some)."""
+    import torch
+
+    from dsa_route.dsa import DsaForCausalLM
+
+    model = None
+    for ids, got, want in zip(prompt_ids, served, reference):
+        if got == want:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        assert i < min(len(got), len(want)) and near_tie > 0, f"served {got} != reference {want}"
+        model = model or DsaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        logits = model(torch.tensor([ids + want[:i]]))[0, -1]
+        margin = float(logits.max() - logits[got[i]])
+        assert margin < near_tie, f"token {i}: served {got[i]} trails the reference's {want[i]} by {margin:.2e}"
+
+
 # (model, compilation mode): the candidate's CompilationMode.NONE for both families, and the baseline's VLLM_COMPILE
 # (CPU: DYNAMO_TRACE_ONCE + inductor around dsa_route's opaque attention/MoE ops) for V3.2.
 @pytest.mark.parametrize("name,mode", [("tiny-deepseek-v32", "NONE"), ("tiny-glm-moe-dsa", "NONE"),
@@ -146,9 +169,11 @@ def test_served_greedy_tokens_equal_reference_with_mtp_batches_and_prefix_cache(
     prompt_ids = [p for p, _ in first]
     assert max(len(p) for p in prompt_ids) + NEW_TOKENS > 4 * config["index_topk"]  # selection is really sparse
     reference = _reference_tokens(model, "float32", prompt_ids)
-    served = [t for _, t in first]
-    assert served == reference
-    assert [t for _, t in second] == reference  # prefill with a cached prefix gives the same tokens
+    # eager serving reproduces the reference's rounding; the compiled arm (inductor) may flip a near-tie
+    tie = NEAR_TIE if mode == "VLLM_COMPILE" else 0.0
+    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in first], reference, tie)
+    # prefill with a cached prefix gives the same tokens
+    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in second], reference, tie)
     assert prefix_hits > 0 and drafts > 0
 
 

@@ -12,6 +12,11 @@ Per layer (DeepSeek-V3.2-Exp ``inference/model.py::MLA``; vLLM ``DeepseekV2MLAAt
     o        = sparse MLA over the selected cache rows; o_proj
 Everything is written to the cache first and read back (prefill and decode alike), so a quantized cache form affects
 prefill and decode identically, as in vLLM where sparse prefill also reads the cache.
+
+An fp8 query (``QueryForm.fp8_query``: the backend consumes the absorbed query quantized with the static per-tensor
+``q_scale``) is applied in the dense baseline too, which then runs in the absorbed form (``dense_mqa``), so that
+"sparse == dense while every key fits (T <= index_topk)" holds for every cache format x query format. The
+non-absorbed (MHA) form has no absorbed query to quantize and refuses that combination.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .indexer import Indexer, indexer_logits
 from .kv_cache import LayerCache, QueryForm
 from .layers import RMSNorm
 from .rope import apply_rope
-from .sparse_mla import absorb_query, dense_mla, sparse_mla, sparse_mla_mha, split_kv_b, unabsorb_output
+from .sparse_mla import absorb_query, dense_mla, dense_mqa, sparse_mla, sparse_mla_mha, split_kv_b, unabsorb_output
 from .topk import topk_indices
 
 
@@ -75,11 +80,15 @@ class DsaAttention(nn.Module):
         self.last_topk: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, inp: AttentionInputs, cache: LayerCache,
-                shared_topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                shared_topk: torch.Tensor | None = None,
+                skip_topk: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x [B,S,D]`` (normed hidden) → ``(out [B,S,D], topk [B,S,K] int32 or None when dense)``.
 
         ``shared_topk``: the previous full layer's indices, required on a "shared" layer in sparse mode.
-        Raises ValueError when a shared layer gets no indices.
+        ``skip_topk``: a full layer uses ``shared_topk`` instead of its own selection (its indexer keys are still
+        cached): vLLM's ``skip_topk``, which the MTP proposer sets on draft steps >= 1 under GLM's
+        ``index_share_for_mtp_iteration``.
+        Raises ValueError when a shared layer gets no indices, or for ``mla_form="mha"`` with an fp8 query form.
         """
         B, S, _ = x.shape
         H, N, R, L, V = self.n_heads, self.nope_dim, self.rope_dim, self.kv_lora_rank, self.v_dim
@@ -94,8 +103,11 @@ class DsaAttention(nn.Module):
         assert q_nope.shape == (B, S, H, N) and q_pe.shape == (B, S, H, R) and c_kv.shape == (B, S, L)
         assert k_pe.shape == (B, S, R) and inp.positions.shape == (B, S)
         idx_proj = self.indexer(x, q_latent, cos, sin) if self.indexer is not None else None
-        if self.indexer is None and shared_topk is None and not inp.dense:
-            raise ValueError("a shared top-k layer needs the previous full layer's indices")
+        if (self.indexer is None or skip_topk) and shared_topk is None and not inp.dense:
+            raise ValueError("a shared top-k layer (or skip_topk) needs the indices to reuse")
+        if self.mla_form == "mha" and inp.form.fp8_query:
+            raise ValueError("mla_form: 'mha' cannot consume an fp8 query (backend_supports_quant_query with an fp8 "
+                             "cache); use mla_form='absorbed'")
         w_uk, w_uv = split_kv_b(self.kv_b_proj.weight, H, N, V)
 
         outs, topks = [], []
@@ -106,10 +118,14 @@ class DsaAttention(nn.Module):
             if idx_proj is not None:
                 cache.write_index_keys(b, pos, idx_proj.k[b])
             kv_rows = cache.read(b, length, inp.form)  # [T, L+R]
-            if inp.dense:
+            if inp.dense and not inp.form.fp8_query:
                 outs.append(dense_mla(q_nope[b], q_pe[b], kv_rows, key_end, w_uk, w_uv, self.softmax_scale))
                 continue
-            if idx_proj is not None:
+            if inp.dense:
+                q_lat = self._latent_query(q_nope[b], q_pe[b], w_uk, inp)
+                outs.append(unabsorb_output(dense_mqa(q_lat, kv_rows, key_end, self.softmax_scale, L), w_uv))
+                continue
+            if idx_proj is not None and not skip_topk:
                 logits = indexer_logits(idx_proj.q[b], cache.read_index_keys(b, length), idx_proj.weights[b], key_end)
                 indices = topk_indices(logits, self.index_topk)
             else:
@@ -118,9 +134,7 @@ class DsaAttention(nn.Module):
             if self.mla_form == "mha":
                 outs.append(sparse_mla_mha(q_nope[b], q_pe[b], kv_rows, indices, w_uk, w_uv, self.softmax_scale))
                 continue
-            q_lat = absorb_query(q_nope[b], q_pe[b], w_uk)  # [S,H,L+R]
-            if inp.form.fp8_query:  # the backend consumes an fp8 query (per-tensor static q_scale)
-                q_lat = dequantize_fp8_tensor(quantize_fp8_tensor(q_lat, inp.q_scale), inp.q_scale).to(q_lat.dtype)
+            q_lat = self._latent_query(q_nope[b], q_pe[b], w_uk, inp)  # [S,H,L+R]
             o_lat = sparse_mla(q_lat, kv_rows, indices, self.softmax_scale, L)  # [S,H,L]
             outs.append(unabsorb_output(o_lat, w_uv))
         o = torch.stack(outs)
@@ -129,3 +143,13 @@ class DsaAttention(nn.Module):
         topk = torch.stack(topks) if topks else None
         self.last_topk = topk
         return self.o_proj(o), topk
+
+    @staticmethod
+    def _latent_query(q_nope: torch.Tensor, q_pe: torch.Tensor, w_uk: torch.Tensor,
+                      inp: AttentionInputs) -> torch.Tensor:
+        """The absorbed query ``[S,H,L+R]`` as the backend consumes it: fake-quantized to fp8 with the static
+        per-tensor ``q_scale`` when ``inp.form.fp8_query`` (vLLM ``_q_scale``), else as computed."""
+        q_lat = absorb_query(q_nope, q_pe, w_uk)
+        if not inp.form.fp8_query:
+            return q_lat
+        return dequantize_fp8_tensor(quantize_fp8_tensor(q_lat, inp.q_scale), inp.q_scale).to(q_lat.dtype)

@@ -28,9 +28,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h: torch.Tensor, inp: AttentionInputs, cache: LayerCache,
-                shared_topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``h [B,S,D]`` → ``(h [B,S,D], topk [B,S,K] or None)``; the topk feeds later "shared" layers."""
-        attn, topk = self.self_attn(self.input_layernorm(h), inp, cache, shared_topk)
+                shared_topk: torch.Tensor | None = None,
+                skip_topk: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``h [B,S,D]`` → ``(h [B,S,D], topk [B,S,K] or None)``; the topk feeds later "shared" layers
+        (``shared_topk``/``skip_topk``: see ``DsaAttention.forward``)."""
+        attn, topk = self.self_attn(self.input_layernorm(h), inp, cache, shared_topk, skip_topk)
         h = h + attn
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h, topk

@@ -7,8 +7,13 @@ Two checkpoint families are supported (both are "DSA" models: MLA attention + a 
 
 Field names follow the HF configs (transformers ``DeepseekV32Config`` / ``GlmMoeDsaConfig``) so the vLLM loader and this
 reference read the same file the same way. Two extra fields choose the indexer's numerics (they are not in config.json):
-``indexer_fp8`` (FP8 e4m3 + ue8m0 block scales on q and k, as the official kernel and vLLM do) and ``indexer_hadamard``
-(the official reference rotates q and k by a Hadamard matrix before quantizing; vLLM does not).
+  - ``indexer_fp8``: FP8 e4m3 + ue8m0 block scales on q and k, as the official kernel and vLLM do;
+  - ``numerics``: whose indexer numerics to reproduce, a named choice because the two differ:
+      ``"vllm"`` (default): no rotation before quantizing (``vllm/models/deepseek_v32/attention.py``:
+          ``DeepseekV32Indexer`` l.50-120 and ``fused_q`` at l.433 quantize the rope'd q / k as they are);
+      ``"official"``: the DeepSeek-V3.2-Exp demo rotates q and k by a Hadamard matrix before FP8
+          (``inference/model.py::Indexer.forward``, ``rotate_activation``); the rotation is orthogonal, so without FP8
+          it changes nothing, with FP8 it changes the quantization error and so some top-k selections.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any, Literal
 
 MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")
 IndexerType = Literal["full", "shared"]
+Numerics = Literal["vllm", "official"]
+NUMERICS = ("vllm", "official")
 
 
 @dataclass(frozen=True)
@@ -80,12 +87,18 @@ class DsaConfig:
     # misc
     rms_norm_eps: float = 1e-6
     num_nextn_predict_layers: int = 0
+    index_share_for_mtp_iteration: bool = False  # GLM-5.x: MTP draft steps >= 1 reuse step 0's top-k (mtp.py)
     tie_word_embeddings: bool = False
-    # reference numerics of the indexer (not HF fields)
+    # reference numerics of the indexer (not HF fields; module docstring)
     indexer_fp8: bool = True
-    indexer_hadamard: bool = False
+    numerics: Numerics = "vllm"
 
     # ---- derived -------------------------------------------------------------------------------------------------
+    @property
+    def indexer_hadamard(self) -> bool:
+        """Whether the indexer Hadamard-rotates q and k before FP8 (``numerics == "official"``)."""
+        return self.numerics == "official"
+
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -179,6 +192,7 @@ class DsaConfig:
             max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             num_nextn_predict_layers=int(hf.get("num_nextn_predict_layers") or 0),
+            index_share_for_mtp_iteration=bool(hf.get("index_share_for_mtp_iteration", False)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )
         fields.update(overrides)
@@ -201,6 +215,8 @@ class DsaConfig:
             raise ValueError(f"qk_rope_head_dim: must be a positive even number, got {self.qk_rope_head_dim}")
         if self.index_head_dim < self.qk_rope_head_dim:
             raise ValueError("index_head_dim: must be >= qk_rope_head_dim (the indexer ropes its first rope dims)")
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics: expected one of {NUMERICS}, got {self.numerics!r}")
         if self.indexer_hadamard and self.index_head_dim & (self.index_head_dim - 1):
             raise ValueError("index_head_dim: the Hadamard rotation needs a power of two")
         if len(self.indexer_types) != self.num_hidden_layers:
@@ -239,7 +255,7 @@ class DsaConfig:
 
     def to_hf_config(self) -> dict[str, Any]:
         """An HF ``config.json`` dict for this model that ``from_hf_config`` reads back unchanged (the reference-only
-        ``indexer_fp8``/``indexer_hadamard`` excepted) and that vLLM's ``DeepseekV32ForCausalLM`` /
+        ``indexer_fp8``/``numerics`` excepted) and that vLLM's ``DeepseekV32ForCausalLM`` /
         ``GlmMoeDsaForCausalLM`` loaders accept. MLP layer kinds are written as ``first_k_dense_replace`` (what vLLM
         reads), so they must be a dense prefix; shared top-k layers are written both as ``indexer_types``
         (transformers) and ``index_topk_pattern`` (vLLM). Raises ValueError if the MLP layout is not a dense prefix."""
@@ -267,6 +283,8 @@ class DsaConfig:
             "num_nextn_predict_layers": self.num_nextn_predict_layers, "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": False, "bos_token_id": 0, "eos_token_id": 1,
         }
+        if self.index_share_for_mtp_iteration:
+            hf["index_share_for_mtp_iteration"] = True
         if "shared" in self.indexer_types:
             hf["index_topk_pattern"] = "".join("F" if t == "full" else "S" for t in self.indexer_types)
         if self.rope_scaling is None:
@@ -283,9 +301,11 @@ class DsaConfig:
     @classmethod
     def tiny(cls, model_type: str = "deepseek_v32", **overrides: Any) -> "DsaConfig":
         """A CPU-test preset with the real MLA cache geometry (kv_lora_rank 512, rope 64 → 656 B fp8_ds_mla rows,
-        index_head_dim 128 → 132 B indexer rows), ``index_topk`` 64, 3 layers (1 dense + 2 MoE: 16 experts in 4
-        groups, 2 groups selectable, 3 experts per token, so the group limit binds) and 1 MTP layer. ``glm_moe_dsa``
-        gives the GLM flavour: interleaved indexer RoPE, plain RoPE and a shared-top-k layer."""
+        index_head_dim 128 → 132 B indexer rows), 16 index heads (with 4, exact-zero ReLU scores tie often and top-k
+        ties rather than numerics decide comparisons with other implementations), ``index_topk`` 64, 3 layers
+        (1 dense + 2 MoE: 16 experts in 4 groups, 2 groups selectable, 3 experts per token, so the group limit binds)
+        and 1 MTP layer. ``glm_moe_dsa`` gives the GLM flavour: interleaved indexer RoPE, plain RoPE and a
+        shared-top-k layer."""
         hf = {
             "model_type": model_type,
             "vocab_size": 512,
@@ -299,7 +319,7 @@ class DsaConfig:
             "qk_nope_head_dim": 32,
             "qk_rope_head_dim": 64,
             "v_head_dim": 32,
-            "index_n_heads": 4,
+            "index_n_heads": 16,
             "index_head_dim": 128,
             "index_topk": 64,
             "n_routed_experts": 16,

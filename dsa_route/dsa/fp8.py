@@ -9,6 +9,12 @@ Formula (DeepSeek-V3.2-Exp ``inference/kernel.py::act_quant_kernel`` with ``roun
     q     = e4m3(clamp(x / scale, -448, 448))
 Dequantization is ``q · scale``. Because ``scale >= amax/448`` every value fits, and a power-of-two scale makes the
 division exact, so the only error is e4m3's 3-bit mantissa rounding (relative error <= 2^-4 of the block amax).
+
+Non-finite inputs stay non-finite: a block holding ±inf gets an infinite scale, so the whole block dequantizes to NaN
+(``x / inf`` and ``inf / inf``, what vLLM's ``_fp8_ue8m0_quantize`` computes: ``vllm/models/deepseek_v32/common/
+kernels.py`` l.62-70, ``exp2(ceil(log2(inf))) = inf``); a NaN gets a NaN scale likewise (a GPU ``fmaxf`` reduction may
+skip NaN instead; the oracle prefers to surface it). ±inf is never saturated to 448: an oracle must surface overflow,
+not hide it.
 """
 
 from __future__ import annotations
@@ -27,29 +33,38 @@ def quant_block_size(dim: int) -> int:
 
 def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
     """Smallest power of two ``>= x`` for positive fp32 ``x``, computed exactly with ``frexp`` (``x = m · 2^e``,
-    ``m ∈ [0.5, 1)``; an exact power of two has ``m == 0.5``). Same result as the kernels' ``fast_round_scale``."""
-    mantissa, exponent = torch.frexp(x.float())
+    ``m ∈ [0.5, 1)``; an exact power of two has ``m == 0.5``). Same result as the kernels' ``fast_round_scale`` and
+    ``exp2(ceil(log2(x)))``; like the latter, ``inf`` and NaN pass through (``frexp`` alone would give 1.0)."""
+    x = x.float()
+    mantissa, exponent = torch.frexp(x)
     exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
-    return torch.ldexp(torch.ones_like(mantissa), exponent)
+    return torch.where(torch.isfinite(x), torch.ldexp(torch.ones_like(mantissa), exponent), x)
 
 
-def quantize_fp8_blocks(x: torch.Tensor, block: int, *, pow2_scale: bool = True,
-                        min_scale: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_e4m3(y: torch.Tensor) -> torch.Tensor:
+    """Saturate finite ``y`` to ±448 and cast to e4m3fn; ±inf and NaN become NaN (e4m3fn has no inf)."""
+    finite = torch.isfinite(y)
+    return torch.where(finite, y.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX), float("nan")).to(torch.float8_e4m3fn)
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: int, *, pow2_scale: bool = True, min_scale: float = 0.0,
+                        amax_floor: float = AMAX_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x [N..., D]`` in blocks of ``block`` along the last dim.
 
     Returns ``(values float8_e4m3fn [N..., D], scales float32 [N..., D/block])``. ``pow2_scale=False`` keeps the exact
-    ``amax/448`` scale (the non-ue8m0 variant); ``min_scale`` floors the scale before rounding (vLLM's fp8_ds_mla writer
-    floors the scale at 1e-4 instead of amax). Raises ValueError when ``block`` does not divide ``D``.
+    ``amax/448`` scale (the non-ue8m0 variant); ``amax_floor`` floors the amax (1e-4 in the indexer kernels) and
+    ``min_scale`` the scale before rounding (vLLM's fp8_ds_mla writers floor the scale instead of the amax).
+    Raises ValueError when ``block`` does not divide ``D``.
     """
     d = x.shape[-1]
     if d % block:
         raise ValueError(f"quantize_fp8_blocks: block {block} does not divide dim {d}")
     xb = x.float().reshape(*x.shape[:-1], d // block, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True).clamp_min(AMAX_FLOOR)
+    amax = xb.abs().amax(dim=-1, keepdim=True).clamp_min(amax_floor)
     scale = (amax / FP8_E4M3_MAX).clamp_min(min_scale)
     if pow2_scale:
         scale = pow2_ceil(scale)
-    values = (xb / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    values = _to_e4m3(xb / scale)
     return values.reshape(x.shape), scale.squeeze(-1)
 
 
@@ -69,8 +84,10 @@ def fake_quant_fp8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
 
 def quantize_fp8_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-tensor static FP8 (vLLM ``kv_cache_dtype="fp8"``: one ``_k_scale``, 1.0 unless calibrated):
-    ``e4m3(clamp(x / scale))``. Returns float8_e4m3fn of ``x``'s shape."""
-    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    ``e4m3(clamp(x / scale))``. Returns float8_e4m3fn of ``x``'s shape. Finite overflow saturates to ±448 as in
+    vLLM's ``scaled_convert``; ±inf and NaN become NaN (vLLM's SATFINITE conversion would turn ±inf into ±448: the
+    oracle surfaces it instead)."""
+    return _to_e4m3(x.float() / scale)
 
 
 def dequantize_fp8_tensor(values: torch.Tensor, scale: float) -> torch.Tensor:

@@ -112,8 +112,9 @@ def indexer_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, key_
     S, H, I = q.shape
     T = k.shape[0]
     assert k.shape == (T, I) and weights.shape == (S, H) and key_end.shape == (S,)
-    scores = torch.einsum("shi,ti->sht", q.float(), k.float()).relu()
-    logits = torch.einsum("sht,sh->st", scores, weights.float())
+    # keys as the long GEMM dimension: [T, I] @ [I, S·H] (one pass over the keys for all queries and heads)
+    scores = torch.matmul(k.float(), q.float().reshape(S * H, I).T).relu_().view(T, S, H)
+    logits = torch.einsum("tsh,sh->st", scores, weights.float())
     t = torch.arange(T, device=q.device)
     visible = t[None, :] < key_end[:, None]
     if key_start is not None:

@@ -8,7 +8,8 @@ Latent (MLA) cache, one row per token ``[c_kv (L) | k_pe (R)]``; byte sizes at t
   - ``bfloat16``   1152 B/token
   - ``fp8`` / ``fp8_e4m3``  per-tensor static fp8: 576 B/token of e4m3 + one float scale per layer (vLLM ``_k_scale``,
                    1.0 unless calibrated); read through a dtype *view* of the bytes (``fp8_kv_needs_view``)
-  - ``fp8_ds_mla`` 656 B/token: 512 e4m3 latent values in 4 tiles of 128, then 4 float32 tile scales (powers of two),
+  - ``fp8_ds_mla`` 656 B/token: 512 e4m3 latent values in 4 tiles of 128, then 4 float32 tile scales (powers of two, or
+                   vLLM's CUDA writer's raw amax/448: ``pack_fp8_ds_mla``),
                    then 64 bf16 rope values (vLLM ``flashmla_sparse.py`` layout note; FlashMLA "FP8 with scale" format).
 Indexer key cache, one row per token: I e4m3 values then nb float32 ue8m0 scales (132 B at I=128), as vLLM's
 ``DeepseekV32IndexerCache`` (``head_dim + head_dim // 128 * 4``). In vLLM's paged blocks the values of all tokens of a
@@ -77,18 +78,31 @@ def indexer_bytes_per_token(index_head_dim: int) -> int:
 
 
 # ---- fp8_ds_mla ------------------------------------------------------------------------------------------------------
-def pack_fp8_ds_mla(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+DS_MLA_SCALE_RULES = ("pow2", "raw")
+FLT_MIN = torch.finfo(torch.float32).tiny
+
+
+def pack_fp8_ds_mla(latent: torch.Tensor, rope: torch.Tensor, scale_rule: str = "pow2") -> torch.Tensor:
     """Pack ``latent [T, L]`` and ``rope [T, R]`` into fp8_ds_mla rows ``uint8 [T, L + 4·L/128 + 2·R]`` (656 at 512/64).
 
-    Each 128-wide tile of the latent gets its own scale ``2^ceil(log2(max(max(amax, 1e-4) / 448, 1e-4)))``: vLLM's
-    writer (``deepseek_v32/common/kernels.py``, ds_mla branch) floors the *scale* at 1e-4, which only matters for
-    tiles with amax < 0.0448. Rope stays bf16 (not quantized, for accuracy).
-    Raises ValueError when L is not a multiple of 128 or the row counts differ.
+    Each 128-wide tile of the latent gets its own float32 scale, by ``scale_rule``:
+      - ``"pow2"`` (default): ``2^ceil(log2(max(amax / 448, 1e-4)))``, the installed vLLM's fused DeepSeek-V3.2 writer
+        (``vllm/models/deepseek_v32/common/kernels.py`` ``_fused_norm_rope_kernel``, ds_mla branch, l.362-366: the
+        *scale* is floored at 1e-4, which only matters for tiles with amax < 0.0448) and FlashMLA's test quantizer
+        (``tests/quant.py::quantize_k_cache``);
+      - ``"raw"``: ``max(amax / 448, FLT_MIN)``, not rounded: vLLM's CUDA writer
+        ``csrc/cache_kernels.cu::concat_and_cache_ds_mla_kernel`` (``tile_scale = max_abs / 448.f``).
+    Rope stays bf16 (not quantized, for accuracy). Non-finite latent values make their tile NaN (``fp8`` module).
+    Raises ValueError when L is not a multiple of 128, the row counts differ or the rule is unknown.
     """
     T, L = latent.shape
     if L % DS_MLA_TILE or rope.shape[0] != T:
         raise ValueError(f"pack_fp8_ds_mla: need latent [T, 128·k] and rope [T, R], got {latent.shape}, {rope.shape}")
-    values, scales = quantize_fp8_blocks(latent, DS_MLA_TILE, min_scale=1e-4)  # [T,L] e4m3, [T,L/128] fp32
+    if scale_rule not in DS_MLA_SCALE_RULES:
+        raise ValueError(f"scale_rule: expected one of {DS_MLA_SCALE_RULES}, got {scale_rule!r}")
+    pow2 = scale_rule == "pow2"
+    values, scales = quantize_fp8_blocks(latent, DS_MLA_TILE, pow2_scale=pow2, amax_floor=0.0,
+                                         min_scale=1e-4 if pow2 else FLT_MIN)  # [T,L] e4m3, [T,L/128] fp32
     packed = torch.cat((values.view(torch.uint8), scales.contiguous().view(torch.uint8),
                         rope.to(torch.bfloat16).contiguous().view(torch.uint8)), dim=-1)
     assert packed.shape == (T, latent_bytes_per_token("fp8_ds_mla", L, rope.shape[1]))
@@ -140,6 +154,18 @@ def unpack_indexer_keys(packed: torch.Tensor, index_head_dim: int) -> torch.Tens
     return dequantize_fp8_blocks(values, scales)
 
 
+def encode_index_keys(k: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """What the indexer cache stores for keys ``k [T, I]``: ``pack_indexer_keys(k)`` (``uint8 [T, I + 4·nb]``) when the
+    indexer is FP8 (``DsaConfig.indexer_fp8``), else ``k`` itself (the caller casts to the cache dtype)."""
+    return pack_indexer_keys(k) if fp8 else k
+
+
+def decode_index_keys(rows: torch.Tensor, index_head_dim: int, fp8: bool) -> torch.Tensor:
+    """Inverse of ``encode_index_keys``: ``[T, width]`` cache rows → keys ``[T, I]`` (fp32 when dequantized from fp8,
+    else the rows unchanged)."""
+    return unpack_indexer_keys(rows, index_head_dim) if fp8 else rows
+
+
 def indexer_rows_to_paged_block(rows: torch.Tensor, index_head_dim: int) -> torch.Tensor:
     """Per-token indexer rows ``uint8 [block_size, I + 4·nb]`` → vLLM's page byte layout
     ``uint8 [block_size·(I+4·nb)]``: all tokens' values first, then all tokens' scales
@@ -157,11 +183,15 @@ class LayerCache:
     """
 
     def __init__(self, config: DsaConfig, batch_size: int, max_len: int, kv_cache_dtype: str, dtype: torch.dtype,
-                 device: torch.device | str, has_indexer: bool, k_scale: float = 1.0):
+                 device: torch.device | str, has_indexer: bool, k_scale: float = 1.0,
+                 ds_mla_scale_rule: str = "pow2"):
         L, R, I = config.kv_lora_rank, config.qk_rope_head_dim, config.index_head_dim
         if kv_cache_dtype == "fp8_ds_mla" and L % DS_MLA_TILE:
             raise ValueError(f"kv_cache_dtype: fp8_ds_mla needs kv_lora_rank % 128 == 0, got {L}")
+        if ds_mla_scale_rule not in DS_MLA_SCALE_RULES:
+            raise ValueError(f"ds_mla_scale_rule: expected one of {DS_MLA_SCALE_RULES}, got {ds_mla_scale_rule!r}")
         self.kv_cache_dtype, self.dtype, self.k_scale = kv_cache_dtype, dtype, k_scale
+        self.ds_mla_scale_rule = ds_mla_scale_rule
         self.kv_lora_rank, self.index_head_dim, self.max_len = L, I, max_len
         width = latent_bytes_per_token(kv_cache_dtype, L, R, dtype)
         if kv_cache_dtype == "auto":
@@ -188,7 +218,7 @@ class LayerCache:
         if self.kv_cache_dtype in ("auto", "bfloat16"):
             record = torch.cat((latent, rope), dim=-1).to(self.latent.dtype)
         elif self.kv_cache_dtype == "fp8_ds_mla":
-            record = pack_fp8_ds_mla(latent, rope)
+            record = pack_fp8_ds_mla(latent, rope, self.ds_mla_scale_rule)
         else:
             record = pack_fp8_per_tensor(latent, rope, self.k_scale)
         self.latent[row, positions] = record
@@ -208,13 +238,12 @@ class LayerCache:
         """Store indexer keys ``k [S, I]`` (quantized on insertion when the indexer is FP8, as vLLM does)."""
         assert self.index_keys is not None, "this layer shares top-k and has no indexer cache"
         self._check(positions)
-        self.index_keys[row, positions] = pack_indexer_keys(k) if self.index_fp8 else k.to(self.index_keys.dtype)
+        self.index_keys[row, positions] = encode_index_keys(k, self.index_fp8).to(self.index_keys.dtype)
 
     def read_index_keys(self, row: int, length: int) -> torch.Tensor:
         """Indexer keys ``[length, I]`` (fp32 when dequantized from fp8, else model dtype)."""
         assert self.index_keys is not None
-        raw = self.index_keys[row, :length]
-        return unpack_indexer_keys(raw, self.index_head_dim) if self.index_fp8 else raw
+        return decode_index_keys(self.index_keys[row, :length], self.index_head_dim, self.index_fp8)
 
 
 class DsaCache:
@@ -222,17 +251,19 @@ class DsaCache:
 
     ``lengths [B]``: one past the highest position written per row, used to default the next positions.
     ``form``: the query form (``query_form``) every attention layer applies; ``q_scale`` is the static per-tensor scale
-    of an fp8 query (vLLM ``_q_scale``, 1.0 unless calibrated).
+    of an fp8 query (vLLM ``_q_scale``, 1.0 unless calibrated); ``ds_mla_scale_rule`` picks the fp8_ds_mla tile scale
+    rule (``pack_fp8_ds_mla``).
     """
 
     def __init__(self, config: DsaConfig, batch_size: int, max_len: int, *, kv_cache_dtype: str = "auto",
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  backend_supports_quant_query: bool = False, with_mtp: bool = True,
-                 k_scale: float = 1.0, q_scale: float = 1.0):
+                 k_scale: float = 1.0, q_scale: float = 1.0, ds_mla_scale_rule: str = "pow2"):
         self.form = query_form(kv_cache_dtype, backend_supports_quant_query)
         self.kv_cache_dtype, self.q_scale, self.max_len = kv_cache_dtype, q_scale, max_len
         n_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if with_mtp else 0)
         self.layers = [LayerCache(config, batch_size, max_len, kv_cache_dtype, dtype, device,
-                                  has_indexer=config.indexer_type(i) == "full", k_scale=k_scale)
+                                  has_indexer=config.indexer_type(i) == "full", k_scale=k_scale,
+                                  ds_mla_scale_rule=ds_mla_scale_rule)
                        for i in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)

@@ -254,14 +254,15 @@ class DsaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def mtp_predict(self, step: int, input_ids: torch.Tensor, positions: torch.Tensor, prev_hidden: torch.Tensor,
-                    cache: DsaCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run MTP layer ``step % num_nextn_predict_layers`` (see ``mtp.MTPLayer.predict``) against its cache.
-        Returns ``(logits fp32 [B,S,V], recycled hidden [B,S,D])``."""
+                    cache: DsaCache, reuse_topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run MTP layer ``step % num_nextn_predict_layers`` (see ``mtp.MTPLayer.predict``, also for ``reuse_topk``)
+        against its cache. Returns ``(logits fp32 [B,S,V], recycled hidden [B,S,D])``."""
         j = step % self.config.num_nextn_predict_layers
         if len(cache.layers) <= self.config.num_hidden_layers + j:
             raise ValueError("cache: allocate it with with_mtp=True to run the MTP layers")
         inp, cache = self._inputs(input_ids, positions, cache)
-        return self.mtp_layers[j].predict(input_ids, prev_hidden, inp, cache.layers[self.config.num_hidden_layers + j])
+        return self.mtp_layers[j].predict(input_ids, prev_hidden, inp, cache.layers[self.config.num_hidden_layers + j],
+                                          reuse_topk)
 
     # ---- generation --------------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -11,8 +11,11 @@ Weights live at ``model.layers.{num_hidden_layers + j}.*`` in HF checkpoints: th
 ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and ``embed_tokens``. With ``num_speculative_tokens`` > number of
 MTP layers the layers are reused cyclically (step j uses layer ``j % num_nextn_predict_layers``, as vLLM).
 
-Not modelled: GLM's ``index_share_for_mtp_iteration`` (draft steps >= 1 reusing step 0's top-k); every draft step here
-runs its own indexer. Drafts never change the emitted tokens (greedy verification), only the acceptance statistics.
+GLM's ``index_share_for_mtp_iteration`` (``DsaConfig.index_share_for_mtp_iteration``): draft step 0 runs the MTP
+layer's indexer, steps >= 1 reuse step 0's top-k of each row's last token instead of selecting their own (vLLM
+``v1/spec_decode/llm_base_proposer.py``: ``set_skip_topk(False)`` before step 0, then ``set_skip_topk(True)`` and
+``compact_topk_indices(token_indices_to_sample)``). Drafts never change the emitted tokens (greedy verification), only
+the acceptance statistics.
 """
 
 from __future__ import annotations
@@ -54,13 +57,14 @@ class MTPLayer(DecoderLayer):
         self.shared_head = SharedHead(config)
 
     def predict(self, input_ids: torch.Tensor, prev_hidden: torch.Tensor, inp: AttentionInputs,
-                cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+                cache: LayerCache, reuse_topk: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids [B,S]`` (the tokens one position ahead), ``prev_hidden [B,S,D]`` →
-        ``(logits fp32 [B,S,V], recycled hidden [B,S,D] = shared_head.norm(h))``."""
+        ``(logits fp32 [B,S,V], recycled hidden [B,S,D] = shared_head.norm(h))``. ``reuse_topk [B,S,K]``: indices to
+        attend to instead of this layer's own selection (``index_share_for_mtp_iteration``)."""
         e = self.embed_tokens(input_ids)
         e = torch.where(inp.positions[..., None] == 0, torch.zeros_like(e), e)
         h = self.eh_proj(torch.cat((self.enorm(e), self.hnorm(prev_hidden)), dim=-1))
-        h, _ = self.forward(h, inp, cache)
+        h, _ = self.forward(h, inp, cache, reuse_topk, skip_topk=reuse_topk is not None)
         normed = self.shared_head.norm(h)
         return self.shared_head.head(normed).float(), normed
 
@@ -126,6 +130,7 @@ def speculative_generate(model: "DsaForCausalLM", input_ids: torch.Tensor, max_n
     if num_speculative_tokens < 1:
         raise ValueError("num_speculative_tokens: must be >= 1")
     k = num_speculative_tokens
+    share_indices = model.config.index_share_for_mtp_iteration
     stats = SpecDecodeStats(num_spec_tokens=k)
     device = input_ids.device
     rows = []
@@ -140,9 +145,11 @@ def speculative_generate(model: "DsaForCausalLM", input_ids: torch.Tensor, max_n
             # draft: step 0 reads the round shifted by one, later steps recycle their own normed hidden
             ids = torch.cat((round_tokens[1:], next_token[None]))
             pos, prev = round_pos, round_hidden
-            drafts = []
+            drafts, reuse = [], None
             for step in range(k):
-                logits, recycled = model.mtp_predict(step, ids[None], pos[None], prev, cache)
+                logits, recycled = model.mtp_predict(step, ids[None], pos[None], prev, cache, reuse_topk=reuse)
+                if step == 0 and share_indices:  # steps >= 1 reuse step 0's selection for the row's last token
+                    reuse = model.mtp_layers[0].self_attn.last_topk[:, -1:]
                 drafts.append(logits[0, -1].argmax())
                 ids, pos, prev = drafts[-1][None], pos[-1:] + 1, recycled[:, -1:]
             # verify [next_token, d_1..d_k] at the next k+1 positions

@@ -80,13 +80,24 @@ def sparse_mla(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, softmax
     S, H, C = q.shape
     assert kv.shape[-1] == C and indices.shape[0] == S, (q.shape, kv.shape, indices.shape)
     rows, valid = gather_selected(kv, indices)  # [S,K,C], [S,K]
-    scores = torch.einsum("shc,skc->shk", q.float(), rows) * softmax_scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [S,H]
-    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])  # masked → exp(-inf) = 0
-    out = torch.einsum("shk,skl->shl", probs, rows[..., :kv_lora_rank]).to(q.dtype)
+    scores = torch.matmul(q.float() * softmax_scale, rows.transpose(1, 2))  # [S,H,K]
+    out, lse = _softmax_values(scores, valid[:, None, :], rows[..., :kv_lora_rank], return_lse)
+    out = out.to(q.dtype)
     assert out.shape == (S, H, kv_lora_rank)
     return (out, lse) if return_lse else out
+
+
+def _softmax_values(scores: torch.Tensor, visible: torch.Tensor, values: torch.Tensor,
+                    return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``softmax(scores) · values`` over the key axis: ``scores [S,H,K]`` fp32, ``visible`` broadcastable to it,
+    ``values [S,K,L]`` → ``(out fp32 [S,H,L], lse [S,H] or None)``. A row with no visible key gives zeros and
+    ``lse = -inf``. When every key is visible (decode past index_topk) no mask is materialised."""
+    if bool(visible.all()) and not return_lse:
+        return torch.matmul(torch.softmax(scores, dim=-1), values), None
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [S,H]
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])  # masked → exp(-inf) = 0
+    return torch.matmul(probs, values), lse
 
 
 def sparse_mla_mha(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
@@ -111,12 +122,13 @@ def sparse_mla_mha(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, i
 def dense_mqa(q: torch.Tensor, kv: torch.Tensor, key_end: torch.Tensor, softmax_scale: float,
               kv_lora_rank: int) -> torch.Tensor:
     """Dense causal MLA in the absorbed form (the dense FlashMLA decode contract): ``q [S,H,L+R]``, ``kv [T,L+R]``,
-    ``key_end [S]`` → ``o_lat [S,H,L]`` in ``q.dtype``. No gather: every key ``t < key_end[s]`` is used in place."""
+    ``key_end [S]`` → ``o_lat [S,H,L]`` in ``q.dtype``. No gather: every key ``t < key_end[s]`` is used in place; the
+    same softmax (and mask-free fast path) as ``sparse_mla``, so the two differ only in which rows they read."""
     T = kv.shape[0]
-    scores = torch.einsum("shc,tc->sht", q.float(), kv.float()) * softmax_scale
-    visible = torch.arange(T, device=kv.device)[None, :] < key_end[:, None]
-    probs = torch.softmax(scores.masked_fill(~visible[:, None, :], float("-inf")), dim=-1)
-    return torch.einsum("sht,tl->shl", probs, kv[:, :kv_lora_rank].float()).to(q.dtype)
+    scores = torch.matmul(q.float() * softmax_scale, kv.float().T)  # [S,H,T]
+    visible = torch.arange(T, device=kv.device)[None, :] < key_end[:, None]  # [S,T]
+    out, _ = _softmax_values(scores, visible[:, None, :], kv[:, :kv_lora_rank].float(), False)
+    return out.to(q.dtype)
 
 
 def dense_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, key_end: torch.Tensor,

@@ -19,7 +19,7 @@ loads too — the same safetensors in both, so greedy tokens can be compared::
 
 Geometry (defaults = the ``tiny-deepseek-v32`` preset): the tiny DeepSeek-V3 model's layers (hidden 256, 4 heads,
 q_lora_rank 128, kv_lora_rank 512 + rope 64 = the real 576-wide latent cache, 4 layers = 1 dense + 3 MoE with 8 experts
-in 4 groups, 1 MTP layer) plus a lightning indexer (4 heads × 128, index_topk 32, so any context past 32 tokens is
+in 4 groups, 1 MTP layer) plus a lightning indexer (16 heads × 128, index_topk 32, so any context past 32 tokens is
 really sparse). The GLM preset (``tiny-glm-moe-dsa``) differs in indexer RoPE (interleaved), plain RoPE and one
 shared-top-k layer. ``tiny-deepseek-v32-repeat`` (the ``cpu-tiny-dsa`` scenario's model) is the known-answer checkpoint
 of :func:`repeat_last_`: greedy decoding and MTP drafts repeat the last token, so acceptance is 100 % and greedy
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from dsa_route.tiny.cache import default_cache_dir, ensure_dir
 
-GENERATOR_VERSION = 2  # bump when what a spec generates changes (2: the repeat-last recipe)
+GENERATOR_VERSION = 3  # bump when what a spec generates changes (2: the repeat-last recipe; 3: 16 index heads)
 MANIFEST_FILE = "dsa-route-tinydsa.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 TORCH_DTYPES = ("bfloat16", "float32")
@@ -65,7 +65,7 @@ class TinyDsaSpec:
     qk_nope_head_dim: int = 64
     qk_rope_head_dim: int = 64
     v_head_dim: int = 64
-    index_n_heads: int = 4
+    index_n_heads: int = 16
     index_head_dim: int = 128
     index_topk: int = 32
     n_routed_experts: int = 8

@@ -35,7 +35,7 @@ from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, Att
 from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, SparseCacheRole
 
 from dsa_route.dsa.attention import DsaAttention
-from dsa_route.dsa.kv_cache import indexer_bytes_per_token, pack_indexer_keys, unpack_indexer_keys
+from dsa_route.dsa.kv_cache import decode_index_keys, encode_index_keys, indexer_bytes_per_token
 from dsa_route.dsa.rope import apply_rope
 from dsa_route.dsa.sparse_mla import absorb_query, sparse_mla, split_kv_b, unabsorb_output
 from dsa_route.dsa.indexer import indexer_logits
@@ -192,20 +192,30 @@ class DsaLatentCache(_DsaCache):
 
 
 class DsaIndexerCache(_DsaCache):
-    """The lightning indexer's key cache of one layer: ``I`` e4m3 bytes + one float32 ue8m0 scale per 128 (132 B at
-    I=128), the reference's ``pack_indexer_keys`` rows (vLLM ``DeepseekV32IndexerCache`` sizes it the same way)."""
+    """The lightning indexer's key cache of one layer. FP8 indexer (``DsaConfig.indexer_fp8``, vLLM's only form):
+    ``I`` e4m3 bytes + one float32 ue8m0 scale per 128 (132 B at I=128), the reference's ``pack_indexer_keys`` rows
+    (vLLM ``DeepseekV32IndexerCache`` sizes it the same way); otherwise ``I`` keys in ``dtype`` (the model dtype)."""
 
-    def __init__(self, prefix: str, index_head_dim: int):
-        super().__init__(prefix, indexer_bytes_per_token(index_head_dim), torch.uint8, SparseCacheRole.INDEXER)
-        self.index_head_dim = index_head_dim
+    def __init__(self, prefix: str, index_head_dim: int, fp8: bool, dtype: torch.dtype):
+        width, cache_dtype = (indexer_bytes_per_token(index_head_dim), torch.uint8) if fp8 else (index_head_dim, dtype)
+        super().__init__(prefix, width, cache_dtype, SparseCacheRole.INDEXER)
+        self.index_head_dim, self.fp8 = index_head_dim, fp8
+
+    def write_keys(self, slots: torch.Tensor, k: torch.Tensor) -> None:
+        """Store indexer keys ``k [N, I]`` at ``slots [N]`` (quantized on insertion when FP8, as vLLM does)."""
+        self.write(slots, encode_index_keys(k, self.fp8))
+
+    def gather_keys(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """The step's flat key array ``[Σ seq_len_r, I]`` (fp32 when dequantized from FP8, else the cache dtype)."""
+        return decode_index_keys(self.gather(block_table, seq_lens), self.index_head_dim, self.fp8)
 
 
 def attach_caches(attn: DsaAttention, prefix: str, cache_dtype: torch.dtype) -> None:
     """Give a reference ``DsaAttention`` its vLLM cache layers (named ``{prefix}.latent_cache`` and
     ``{prefix}.indexer.k_cache`` — the latter like vLLM's own indexer cache). Buffers only, no parameters."""
     attn.latent_cache = DsaLatentCache(f"{prefix}.latent_cache", attn.kv_lora_rank, attn.rope_dim, cache_dtype)
-    attn.index_cache = (DsaIndexerCache(f"{prefix}.indexer.k_cache", attn.indexer.head_dim)
-                        if attn.indexer is not None else None)
+    attn.index_cache = (DsaIndexerCache(f"{prefix}.indexer.k_cache", attn.indexer.head_dim, attn.indexer.use_fp8,
+                                        cache_dtype) if attn.indexer is not None else None)
 
 
 def flat_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -295,9 +305,8 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
     assert latent_slots.shape == (keys.rows,)
     if idx is not None:
         imeta = _metadata(attn.index_cache.prefix)  # may sit in another KV-cache group: its own slots and blocks
-        attn.index_cache.write(imeta.slot_mapping, pack_indexer_keys(idx.k[0, :n]))
-        index_keys = unpack_indexer_keys(attn.index_cache.gather(imeta.block_table, imeta.seq_lens),
-                                         attn.index_cache.index_head_dim)  # [T, I] fp32
+        attn.index_cache.write_keys(imeta.slot_mapping, idx.k[0, :n])
+        index_keys = attn.index_cache.gather_keys(imeta.block_table, imeta.seq_lens)  # [T, I]
         logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_end, keys.key_start)
         indices = topk_indices(logits, attn.index_topk)  # [n, K] into the flat key array
     elif getattr(attn, "topk_source", None) is not None and attn.topk_source.last_topk is not None:

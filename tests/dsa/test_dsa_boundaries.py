@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import dsa_route.dsa as dsa
-from dsa_route.dsa.bench import BenchSettings, format_table, run_bench
+from dsa_route.dsa.bench import BenchSettings, format_table, ideal_ratio, run_bench
 
 PACKAGE = Path(dsa.__file__).parent
 
@@ -27,7 +27,16 @@ def test_public_api_names():
 
 
 def test_bench_runs_and_formats():
-    settings = BenchSettings(contexts=(128, 256), index_topk=128, heads=2, index_heads=2, repeats=1, warmup=0)
+    settings = BenchSettings(contexts=(128, 256), index_topk=128, heads=2, index_heads=2, hidden_size=256,
+                             q_lora_rank=64, repeats=2, warmup=0)
     rows = run_bench(settings)
     assert [r.context for r in rows] == [128, 256] and all(r.dense_ms > 0 and r.sparse_ms > 0 for r in rows)
-    assert "dense/sparse" in format_table(settings, rows)
+    assert all(len(r.ratios) == 2 and set(r.parts_ms) == {"projections", "indexer", "topk", "sparse_mla"} for r in rows)
+    table = format_table(settings, rows)
+    assert "dense/sparse" in table and "ideal" in table
+
+
+def test_bench_ideal_ratio_counts_macs():
+    real = BenchSettings()  # DeepSeek-V3.2: 4x fewer attention rows at 8k, plus the indexer and its projections
+    assert 3.0 < ideal_ratio(real, 8192) < 3.2 and ideal_ratio(real, 16384) > 5.0
+    assert ideal_ratio(real, 2048) < 1.0  # nothing skipped while T <= index_topk: the indexer is pure overhead

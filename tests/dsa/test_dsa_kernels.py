@@ -82,12 +82,11 @@ def test_indexer_rope_layout_per_family(model_type, interleaved):
 
 
 # ---- Hadamard --------------------------------------------------------------------------------------------------------
-def _indexer_logits_for(cfg: DsaConfig, state: dict | None = None):
+def _indexer_logits_for(cfg: DsaConfig, state: dict | None = None, S: int = 12):
     torch.manual_seed(0)
     idx = Indexer(cfg)
     if state is not None:
         idx.load_state_dict(state)
-    S = 12
     x = torch.randn(1, S, cfg.hidden_size, generator=_gen(1))
     q_latent = torch.randn(1, S, cfg.q_lora_rank, generator=_gen(2))
     positions = torch.arange(S)[None]
@@ -99,7 +98,7 @@ def _indexer_logits_for(cfg: DsaConfig, state: dict | None = None):
 def test_hadamard_on_both_sides_leaves_logits_unchanged():
     plain_cfg = DsaConfig.tiny(indexer_fp8=False)
     idx, plain, logits = _indexer_logits_for(plain_cfg)
-    _, rotated, logits_h = _indexer_logits_for(plain_cfg.replace(indexer_hadamard=True), idx.state_dict())
+    _, rotated, logits_h = _indexer_logits_for(plain_cfg.replace(numerics="official"), idx.state_dict())
     assert (rotated.k - plain.k).abs().max() > 0.1 and (rotated.q - plain.q).abs().max() > 0.1  # it did rotate
     finite = torch.isfinite(logits)
     assert torch.equal(finite, torch.isfinite(logits_h))
@@ -110,6 +109,25 @@ def test_hadamard_on_both_sides_leaves_logits_unchanged():
     assert rel > 0.1
     h = hadamard(torch.eye(128))
     torch.testing.assert_close(h @ h.T, torch.eye(128), atol=1e-6, rtol=0)
+
+
+def test_numerics_vllm_and_official_differ_only_through_fp8():
+    vllm = DsaConfig.tiny()
+    assert vllm.numerics == "vllm" and not vllm.indexer_hadamard
+    official = vllm.replace(numerics="official")
+    assert official.indexer_hadamard
+    idx, _, lv = _indexer_logits_for(vllm, S=48)
+    lo = _indexer_logits_for(official, idx.state_dict(), S=48)[2]
+    exact = _indexer_logits_for(vllm.replace(indexer_fp8=False), idx.state_dict(), S=48)[2]
+    finite = torch.isfinite(exact)
+    for got in (lv, lo):  # both quantize: close to the unquantized scores, not equal to them
+        rel = float((got[finite] - exact[finite]).norm() / exact[finite].norm())
+        assert 0 < rel < 0.1
+    assert not torch.equal(lv, lo)  # the rotation changes the fp8 error
+    lo_exact = _indexer_logits_for(official.replace(indexer_fp8=False), idx.state_dict(), S=48)[2]
+    torch.testing.assert_close(lo_exact[finite], exact[finite], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="numerics"):
+        vllm.replace(numerics="sglang")
 
 
 # ---- indexer logits and top-k ----------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ def _tokens(rows: int, n: int, vocab: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (rows, n), generator=torch.Generator().manual_seed(seed))
 
 
-def _successor_model(mtp_shift: int) -> DsaForCausalLM:
+def _successor_model(mtp_shift: int, **overrides) -> DsaForCausalLM:
     """A model whose greedy next token is ``perm(t)`` for the current token t (embedding rows of unit-RMS random
     vectors, LM head row perm(t) = embedding t, every attention/MLP output scaled down so it perturbs but never
     decides).
     Its MTP layer sees ``enorm(embed(t_{i+1}))`` through ``eh_proj = [I | 0]`` and uses the head of ``perm`` shifted by
     ``mtp_shift``; shift 0 makes it predict exactly the main model's next greedy token."""
-    cfg = DsaConfig.tiny()
+    cfg = DsaConfig.tiny(**overrides)
     model = DsaForCausalLM.random(cfg, seed=5)
     V, D = cfg.vocab_size, cfg.hidden_size
     perm = torch.randperm(V, generator=torch.Generator().manual_seed(6))
@@ -41,7 +41,7 @@ def _successor_model(mtp_shift: int) -> DsaForCausalLM:
 @pytest.mark.parametrize("k", [1, 2])
 def test_crafted_mtp_drafts_equal_main_greedy(k):
     model, perm = _successor_model(mtp_shift=0)
-    prompt = _tokens(2, 12, model.config.vocab_size)
+    prompt = _tokens(2, 60, model.config.vocab_size)  # 60 + 20 tokens: the context passes index_topk (64)
     greedy = model.generate(prompt, 20)
     # precondition: the crafted main model really follows perm (with attention and MoE still running)
     prev = torch.cat((prompt[:, -1:], greedy[:, :-1]), 1)
@@ -54,7 +54,7 @@ def test_crafted_mtp_drafts_equal_main_greedy(k):
 
 def test_mismatched_mtp_is_rejected_but_tokens_unchanged():
     model, _ = _successor_model(mtp_shift=7)
-    prompt = _tokens(1, 12, model.config.vocab_size, seed=2)
+    prompt = _tokens(1, 70, model.config.vocab_size, seed=2)  # past index_topk
     tokens, stats = model.generate_mtp(prompt, 10, num_speculative_tokens=2)
     assert torch.equal(tokens, model.generate(prompt, 10))
     assert stats.num_accepted_tokens == 0 and stats.mean_acceptance_length == 1.0
@@ -83,3 +83,35 @@ def test_mtp_needs_an_mtp_layer():
     model = DsaForCausalLM.random(DsaConfig.tiny(num_nextn_predict_layers=0), seed=0)
     with pytest.raises(ValueError, match="num_nextn_predict_layers"):
         model.generate_mtp(_tokens(1, 4, 512), 3)
+
+
+def _mtp_topk_per_call(model: DsaForCausalLM) -> tuple[list[torch.Tensor], object]:
+    """Record the MTP attention's selection after every call (draft step); returns (records, hook handle)."""
+    calls = []
+    attn = model.mtp_layers[0].self_attn
+    handle = attn.register_forward_hook(lambda mod, args, out: calls.append(out[1].clone()))
+    return calls, handle
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_index_share_for_mtp_iteration_reuses_step_zero_selection(share):
+    """GLM's index_share_for_mtp_iteration: draft steps >= 1 attend to step 0's top-k of the row's last token (vLLM's
+    proposer: set_skip_topk + compact_topk_indices); without it every step selects its own. Tokens stay greedy."""
+    model, _ = _successor_model(mtp_shift=0, index_share_for_mtp_iteration=share)
+    k = 3
+    prompt = _tokens(1, 70, model.config.vocab_size, seed=4)  # past index_topk: selections are real subsets
+    calls, handle = _mtp_topk_per_call(model)
+    tokens, stats = model.generate_mtp(prompt, 12, num_speculative_tokens=k)
+    handle.remove()
+    assert torch.equal(tokens, model.generate(prompt, 12))
+    rounds = [calls[i:i + k] for i in range(0, len(calls), k)]
+    assert len(rounds) == stats.num_drafts and all(len(r) == k for r in rounds)
+    reused = [torch.equal(later, r[0][:, -1:]) for r in rounds for later in r[1:]]
+    assert all(reused) if share else not any(reused)
+
+
+def test_index_share_for_mtp_iteration_reads_from_the_hf_config():
+    hf = DsaConfig.tiny("glm_moe_dsa").to_hf_config()
+    assert "index_share_for_mtp_iteration" not in hf and not DsaConfig.from_hf_config(hf).index_share_for_mtp_iteration
+    cfg = DsaConfig.from_hf_config({**hf, "index_share_for_mtp_iteration": True})
+    assert cfg.index_share_for_mtp_iteration and DsaConfig.from_hf_config(cfg.to_hf_config()) == cfg
