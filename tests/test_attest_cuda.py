@@ -16,6 +16,7 @@ import pytest
 from harness.run import plan as plan_mod
 from harness.run.attest import attest, observe_from_log
 from harness.run.machine import Machine
+from harness.run.models import locate
 from harness.run.scenario import load_scenario
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -29,7 +30,7 @@ def intended(name: str, route: str) -> dict:
     scenario = load_scenario(name)
     machine = Machine(name="cuda", device="planned", cpu_count=16, gpu_count=scenario.serve.tensor_parallel_size,
                       has_triton=True)
-    return next(a for a in plan_mod.build_plan(scenario, machine).arms if a.route == route).intended
+    return next(a for a in plan_mod.build_plan(scenario, machine, locate(scenario)).arms if a.route == route).intended
 
 
 def observed(short: str, label: str) -> dict:

@@ -19,6 +19,7 @@ pytest.importorskip("vllm")
 
 from harness.run import plan as plan_mod  # noqa: E402
 from harness.run.machine import Machine  # noqa: E402
+from harness.run.models import locate  # noqa: E402
 from harness.run.scenario import load_scenario, resolve_path  # noqa: E402
 
 V32 = "DeepseekV32ForCausalLM"
@@ -68,7 +69,7 @@ def gpu_plan(name: str, platform: str) -> plan_mod.Plan:
     scenario = load_scenario(name)
     machine = Machine(name=platform, device=f"planned {platform} node", cpu_count=16,
                       gpu_count=scenario.serve.tensor_parallel_size, has_triton=True)
-    return plan_mod.build_plan(scenario, machine)
+    return plan_mod.build_plan(scenario, machine, locate(scenario))
 
 
 def serve_args(arm: plan_mod.ArmPlan) -> list[str]:
