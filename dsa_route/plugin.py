@@ -287,6 +287,7 @@ def apply(
         env=dict(environ),
         kv_cache_dtype=served.kv_cache_dtype,
         route=route,
+        has_triton=found.has_triton,
     )
     decision = decide(served.architectures, found.platform,
                       speculative_model_type=served.model_type if served.mtp else None, **common)

@@ -86,6 +86,7 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     """Scenario + overrides → plan. ``to_run``: refuse (PlanError) what this machine cannot run; otherwise plan for
     the scenario's platform and return the refusal as a note."""
     from harness.run import machine
+    from harness.run.installed_vllm import auto_choice
     from harness.run.models import locate
     from harness.run.plan import PlanError, build_plan, check_machine, planning_machine
 
@@ -95,14 +96,18 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     source = str(find_scenario(name))
     if to_run:
         check_machine(scenario, host)
-        return replace(build_plan(scenario, host, locate(scenario)), scenario_file=source), None
+        plan = replace(build_plan(scenario, host, locate(scenario), auto_choice), scenario_file=source)
+        refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
+        if refusals:
+            raise PlanError("; ".join(refusals))
+        return plan, None
     try:
         check_machine(scenario, host)
         refusal = None
     except PlanError as error:
         refusal = str(error)
-    return (replace(build_plan(scenario, planning_machine(scenario, host), locate(scenario)), scenario_file=source),
-            refusal)
+    planned = build_plan(scenario, planning_machine(scenario, host), locate(scenario), auto_choice)
+    return replace(planned, scenario_file=source), refusal
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -114,6 +119,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out.write(f"note: `dsa-bench compare` would refuse on this machine: {refusal}\n")
     for note in plan.notes:
         out.write(f"note: {note}\n")
+    for arm in plan.arms:
+        for why in arm.refusals:
+            out.write(f"warning: arm {arm.name}: {why} (`dsa-bench compare` refuses this)\n")
     for arm in plan.arms:
         out.write(f"\n== arm {arm.name} (route={arm.route}) ==\n")
         for reason in arm.decision.get("reasons", []):

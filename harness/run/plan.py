@@ -13,7 +13,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from dsa_route import routing
 from harness.rundir.schema import LevelKey
@@ -68,6 +68,7 @@ class ArmPlan:
     model_path: str
     served_model_name: str
     tokenizer: str
+    refusals: tuple[str, ...] = ()        # why vLLM would refuse to start this arm's server (empty: it starts)
 
     def server_argv(self, port: int | str) -> list[str]:
         """``vllm serve`` argv for ``port``."""
@@ -171,9 +172,16 @@ def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) ->
     return args
 
 
-def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation) -> Plan:
+# (architecture, machine, env, MTP draft model_type) → the installed vLLM's own choice for a ``route="auto"`` arm, or
+# None (``harness.run.installed_vllm.auto_choice``; passed in so the plan itself never imports vLLM).
+AskVllm = Callable[[str, Machine, dict, "str | None"], "dict | None"]
+
+
+def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_vllm: AskVllm | None = None) -> Plan:
     """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it);
-    ``model`` from :func:`harness.run.models.locate`.
+    ``model`` from :func:`harness.run.models.locate`. ``ask_vllm``: for ``route="auto"`` arms, what the installed vLLM
+    itself chooses (None: the routing module's vLLM 0.32 snapshot). Each arm's ``refusals`` say why vLLM would refuse
+    to start it (``dsa-bench plan`` warns, ``compare`` refuses).
 
     Raises:
         PlanError: both arms would be identical on this platform.
@@ -186,19 +194,25 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation) -> Pl
     arms = []
     for name in scenario.arm_names():
         spec = scenario.arms[name]
+        given_env = {**scenario.serve.env, **spec.env}
+        choice = (ask_vllm(scenario.model.architecture, machine, given_env, draft_type)
+                  if spec.route == "auto" and ask_vllm is not None else None)
         decision = routing.decide(
-            [scenario.model.architecture], machine.name, speculative_model_type=draft_type,
-            kv_cache_dtype=scenario.serve.kv_cache_dtype, route=spec.route,
+            [scenario.model.architecture], machine.name, env=given_env, speculative_model_type=draft_type,
+            kv_cache_dtype=scenario.serve.kv_cache_dtype, route=spec.route, has_triton=machine.has_triton,
+            vllm_choice=choice,
         )
         route_args, route_env, unavailable = routing.serve_overrides(
             decision, machine.name, has_triton=machine.has_triton, num_speculative_tokens=mtp_tokens)
         env = {**scenario.serve.env, **route_env, **spec.env}
+        refusals = routing.startup_refusals(env, machine.name, machine.has_triton)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision.to_dict(),
             unavailable=tuple(unavailable),
             intended=routing.expected_observation(decision, machine.name, has_triton=machine.has_triton),
             server_args=tuple(common + list(route_args) + list(scenario.serve.extra_args) + list(spec.extra_args)),
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
+            refusals=tuple(refusals),
         ))
     baseline, candidate = arms
     identical = baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env

@@ -92,7 +92,7 @@ class ServeSpec(_Frozen):
 class ArmSpec(_Frozen):
     """One side of the comparison: which routing path it pins, plus arm-only extra args and env."""
 
-    route: Literal["baseline", "candidate"]
+    route: Literal["baseline", "candidate", "auto"]   # auto: what the installed vLLM itself does
     description: str = ""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
