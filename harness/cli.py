@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -111,30 +110,14 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    """Print each arm's decision, reasons, server command + env and benchmark command; start nothing."""
+    """Print the plan (compact; ``--verbose``: every reason and bench command; ``--json``: everything) and its cost
+    estimate; start nothing."""
+    from harness.run import plan_view
+    from harness.run.estimate import estimate
+
     plan, refusal = _build_plan(args, to_run=False)
-    out = sys.stdout
-    out.write(f"scenario: {plan.scenario.name} on {plan.machine.name} ({plan.machine.device})\n")
-    if refusal:
-        out.write(f"note: `dsa-bench compare` would refuse on this machine: {refusal}\n")
-    for note in plan.notes:
-        out.write(f"note: {note}\n")
-    for arm in plan.arms:
-        for why in arm.refusals:
-            out.write(f"warning: arm {arm.name}: {why} (`dsa-bench compare` refuses this)\n")
-    for arm in plan.arms:
-        out.write(f"\n== arm {arm.name} (route={arm.route}) ==\n")
-        for reason in arm.decision.get("reasons", []):
-            out.write(f"  reason: {reason}\n")
-        for item in arm.unavailable:
-            out.write(f"  not available on this platform: {item}\n")
-        out.write(f"  intended path: {json.dumps(arm.intended)}\n")
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(arm.server_env.items()))
-        out.write(f"  server env: {env}\n")
-        out.write(f"  server: {shlex.join(arm.server_argv('<port>'))}\n")
-        for concurrency, repeat in plan.levels():
-            argv = plan.bench_argv(arm, concurrency, repeat, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
-            out.write(f"  bench c={concurrency} r={repeat}: {shlex.join(argv)}\n")
+    view = plan_view.as_json if args.json else plan_view.verbose if args.verbose else plan_view.compact
+    sys.stdout.write(view(plan, estimate(plan), refusal))
     return 0
 
 
@@ -245,6 +228,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     timing = manifest["timing"]
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
                   f"({100 * (timing['harness_share'] or 0):.1f} %); report: {run_dir / 'report.html'}")
+    if manifest.get("estimate"):
+        low, high = manifest["estimate"]["wall_s"]
+        console.print(f"the plan estimated {low:.0f}–{high:.0f} s (manifest estimate vs timing)")
     if args.gate:
         return gate_code
     return 0 if manifest["status"] == "done" else 1
@@ -325,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan", allow_abbrev=False, help="print each arm's server/benchmark commands and environment; run nothing")
     _add_scenario_flags(plan)
+    views = plan.add_mutually_exclusive_group()
+    views.add_argument("--verbose", action="store_true", help="every reason and every level's bench command")
+    views.add_argument("--json", action="store_true", help="everything, as JSON")
     plan.set_defaults(func=cmd_plan)
     report = sub.add_parser(
         "report", allow_abbrev=False, help="re-render report.html from a run directory")

@@ -17,7 +17,8 @@ def _run(capsys, *argv):
 
 def test_plan_cpu_tiny_shows_both_arms_and_what_the_cpu_build_lacks(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
-    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny", "--concurrency", "1,2", "--repeats", "1")
+    code, out, _ = _run(capsys, "plan", "--scenario", "cpu-tiny", "--concurrency", "1,2", "--repeats", "1",
+                        "--verbose")
     assert code == 0
     assert "== arm baseline (route=baseline) ==" in out and "== arm candidate (route=candidate) ==" in out
     assert out.count("vllm serve ") == 2 and out.count("bench c=") == 4
@@ -33,7 +34,7 @@ def test_plan_cpu_tiny_dsa_says_both_arms_use_dsa_routes_cpu_class(capsys, tmp_p
 
 
 def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
-    code, out, _ = _run(capsys, "plan", "--scenario", "glm-5.2-nvfp4-tp4")
+    code, out, _ = _run(capsys, "plan", "--scenario", "glm-5.2-nvfp4-tp4", "--verbose")
     assert code == 0
     assert "--tensor-parallel-size 4" in out and "--quantization modelopt_fp4" in out
     assert '"num_speculative_tokens":3' in out and "--max-concurrency 1024" in out

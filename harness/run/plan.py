@@ -89,22 +89,46 @@ class Plan:
         """(concurrency, round) pairs in sweep order: every concurrency of round 0, then of round 1, …"""
         return [LevelKey(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
 
+    def level_lengths(self, key: LevelKey) -> tuple[int, int]:
+        """(input_len, output_len) in tokens of the level ``key``."""
+        work = self.scenario.workload
+        return work.input_len, work.output_len
+
     def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path,
                    served_model_name: str | None = None) -> list[str]:
         """The ``vllm bench serve`` argv of one level (random dataset, fixed lengths, ``--ignore-eos``, greedy).
 
         ``served_model_name`` overrides the arm's (a server started by other tooling may serve another name)."""
         work = self.scenario.workload
+        key = LevelKey(concurrency, repeat)
+        input_len, output_len = self.level_lengths(key)
+        return self._bench(arm, base_url, result_dir, served_model_name, {
+            "input_len": input_len, "output_len": output_len, "seed": work.seed + repeat,
+            "num_prompts": work.num_prompts(concurrency), "concurrency": concurrency,
+            "result_filename": key.raw_name(arm.name)})
+
+    def bench_template(self, arm: ArmPlan) -> list[str]:
+        """:meth:`bench_argv` with the per-level values as formulas in ``<…>`` (``c``: concurrency, ``r``: round)."""
+        work = self.scenario.workload
+        input_len, output_len = self.level_lengths(LevelKey(work.concurrency[0], 0))
+        return self._bench(arm, "http://127.0.0.1:<port>", Path("<run-dir>/raw"), None, {
+            "input_len": input_len, "output_len": output_len, "seed": f"<{work.seed}+r>",
+            "num_prompts": f"<max({work.min_prompts},{work.prompts_per_concurrency}c)>", "concurrency": "<c>",
+            "result_filename": f"{arm.name}-c<c>-r<r>.json"})
+
+    def _bench(self, arm: ArmPlan, base_url: str, result_dir: Path, served_model_name: str | None,
+               level: dict) -> list[str]:
         return [
             "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", arm.model_path, "--served-model-name", served_model_name or arm.served_model_name, "--tokenizer", arm.tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(work.input_len),
-            "--random-output-len", str(work.output_len), "--ignore-eos", "--temperature", "0",
-            "--seed", str(work.seed + repeat), "--num-prompts", str(work.num_prompts(concurrency)),
-            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--num-warmups", str(work.warmups),
+            "--dataset-name", "random", "--random-input-len", str(level["input_len"]),
+            "--random-output-len", str(level["output_len"]), "--ignore-eos", "--temperature", "0",
+            "--seed", str(level["seed"]), "--num-prompts", str(level["num_prompts"]),
+            "--max-concurrency", str(level["concurrency"]), "--request-rate", "inf",
+            "--num-warmups", str(self.scenario.workload.warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", BENCH_PERCENTILES,
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
-            "--result-filename", LevelKey(concurrency, repeat).raw_name(arm.name), "--disable-tqdm",
+            "--result-filename", level["result_filename"], "--disable-tqdm",
         ]
 
 

@@ -25,6 +25,7 @@ from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir import store as rundir_store
 from harness.rundir.store import RunDir
+from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan
 from harness.run.scenario import REPO_ROOT
@@ -167,7 +168,7 @@ class Runner:
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": _load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [],
+            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(),
         }
 
     def _save(self) -> None:

@@ -189,6 +189,18 @@ class Platform(_Record):
     load_avg_at_end: str | None = None
 
 
+class EstimateRecord(_Record):
+    """The plan's cost estimate (harness.run.estimate), recorded next to the actual ``timing``: seconds as
+    (min, max) per part and in all, GPUs held, GPU-hours (min, max), server sessions, and the stated prior."""
+
+    parts: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    wall_s: tuple[float, float] | None = None
+    gpus: int = 0
+    gpu_hours: tuple[float, float] | None = None
+    sessions: int | None = None
+    prior: dict[str, Any] = Field(default_factory=dict)
+
+
 class Manifest(_Record):
     """``manifest.json``. ``scenario`` is the resolved scenario as a dict (``harness.run.scenario`` validates it)."""
 
@@ -208,6 +220,7 @@ class Manifest(_Record):
     schedule: tuple[tuple[str, int, int], ...] = ()      # (arm, concurrency, round) in run order
     arms: tuple[ArmRecord, ...] = ()
     timing: dict[str, float | None] = Field(default_factory=dict)
+    estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""

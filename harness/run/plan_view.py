@@ -1,0 +1,96 @@
+"""``dsa-bench plan``'s three views of a plan: compact (default, ≤ 60 lines for any shipped scenario), verbose (every
+level's bench command) and JSON (everything, machine-readable). Pure: plan and estimate in, text out."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+
+from harness.run.estimate import Estimate
+from harness.run.plan import ArmPlan, Plan
+
+
+def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
+    lines = [f"", f"== arm {arm.name} (route={arm.route}) =="]
+    if reasons:
+        lines += [f"  reason: {reason}" for reason in arm.decision.get("reasons", [])]
+    else:
+        lines.append(f"  decision: model_runner={arm.decision.get('model_runner')} "
+                     f"breakable_cudagraph={int(bool(arm.decision.get('breakable_cudagraph')))} "
+                     f"compilation_mode={arm.decision.get('compilation_mode')} "
+                     f"mtp={arm.decision.get('mtp_architecture') or 'none'} "
+                     f"impl={json.dumps(arm.decision.get('implementation', {}), separators=(',', ':'))}")
+    lines += [f"  not available on this platform: {item}" for item in arm.unavailable]
+    lines.append(f"  intended path: {json.dumps(arm.intended)}")
+    lines.append(f"  server env: {' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(arm.server_env.items()))}")
+    lines.append(f"  server: {shlex.join(arm.server_argv('<port>'))}")
+    return lines
+
+
+def _header(plan: Plan, refusal: str | None) -> list[str]:
+    lines = [f"scenario: {plan.scenario.name} on {plan.machine.name} ({plan.machine.device})"]
+    if refusal:
+        lines.append(f"note: `dsa-bench compare` would refuse on this machine: {refusal}")
+    lines += [f"note: {note}" for note in plan.notes]
+    lines += [f"warning: arm {arm.name}: {why} (`dsa-bench compare` refuses this)"
+              for arm in plan.arms for why in arm.refusals]
+    return lines
+
+
+def _grid_lines(plan: Plan) -> list[str]:
+    work = plan.scenario.workload
+    order = ("both servers stay up; arms alternate per level (ABBA)" if plan.scenario.serve.concurrent_servers
+             else "one server session per arm and round, ABBA blocks")
+    levels = plan.levels()
+    lengths = sorted({plan.level_lengths(key) for key in levels})
+    return [
+        f"levels: concurrency {','.join(map(str, work.concurrency))} × rounds 0..{work.repeats - 1} = "
+        f"{len(levels)} per arm ({order})",
+        "tokens in/out: " + ", ".join(f"{i}/{o}" for i, o in lengths),
+        "prompts per level: " + ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency)
+        + f" (+{work.warmups} warmups)",
+    ]
+
+
+def compact(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+    """Decision + server command per arm, one bench template, the level × round grid and the estimate."""
+    lines = _header(plan, refusal)
+    for arm in plan.arms:
+        lines += _arm_lines(arm, reasons=False)
+    lines += ["", f"bench (each arm, each level; --verbose lists them): {shlex.join(plan.bench_template(plan.arms[0]))}"]
+    lines += _grid_lines(plan)
+    lines += ["", estimate.line(), f"prior: {estimate.prior['source']}"]
+    return "\n".join(lines) + "\n"
+
+
+def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+    """Every reason, and every level's bench command per arm."""
+    lines = _header(plan, refusal)
+    for arm in plan.arms:
+        lines += _arm_lines(arm, reasons=True)
+        for key in plan.levels():
+            argv = plan.bench_argv(arm, key.concurrency, key.round, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
+            lines.append(f"  bench c={key.concurrency} r={key.round}: {shlex.join(argv)}")
+    lines += [""] + _grid_lines(plan) + ["", estimate.line(), f"prior: {estimate.prior['source']}"]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+    """Everything: scenario, machine, notes, arms (decision, env, server argv), every level's bench argv, estimate."""
+    levels = []
+    for key in plan.levels():
+        input_len, output_len = plan.level_lengths(key)
+        levels.append({
+            "key": str(key), "concurrency": key.concurrency, "round": key.round, "input_len": input_len,
+            "output_len": output_len, "num_prompts": plan.scenario.workload.num_prompts(key.concurrency),
+            "bench_argv": {arm.name: plan.bench_argv(arm, key.concurrency, key.round, "http://127.0.0.1:<port>",
+                                                     Path("<run-dir>/raw")) for arm in plan.arms}})
+    document = {
+        "scenario": plan.scenario.model_dump(mode="json"), "scenario_file": plan.scenario_file,
+        "machine": plan.machine.to_dict(), "refusal": refusal, "notes": list(plan.notes),
+        "arms": [{**asdict(arm), "server_argv": arm.server_argv("<port>")} for arm in plan.arms],
+        "levels": levels, "estimate": estimate.to_dict(),
+    }
+    return json.dumps(document, indent=2) + "\n"
