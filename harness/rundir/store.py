@@ -97,6 +97,11 @@ def rows_to_csv(rows: Iterable[Mapping[str, Any] | BaseModel], columns: tuple[st
     return buffer.getvalue()
 
 
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line (pandas' parser messages end in a newline)."""
+    return " ".join(str(error).split())
+
+
 def _first_error(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
@@ -116,10 +121,12 @@ def _v1_session(scenario: Mapping[str, Any], round_: int) -> int:
 def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
     """A version-1 ``manifest.json`` (arms as a map keyed by name, no sessions) as version-2 data."""
     scenario = data.get("scenario") if isinstance(data.get("scenario"), Mapping) else {}
-    arms = []
-    raw_arms = data.get("arms") if isinstance(data.get("arms"), Mapping) else {}
-    for name, arm in raw_arms.items():
-        if not isinstance(arm, Mapping):
+    if not isinstance(data.get("arms"), Mapping):          # left as it is: the schema names what is wrong
+        return {**data, "schema_version": 2}
+    arms: list[Any] = []
+    for name, arm in data["arms"].items():
+        if not isinstance(arm, Mapping) or not isinstance(arm.get("levels", {}), Mapping):
+            arms.append(arm)
             continue
         levels = {}
         for key, level in (arm.get("levels") or {}).items():
@@ -180,7 +187,7 @@ class RunDir:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RunDirError(f"{path}: not valid JSON ({error}); re-run `dsa-bench compare --resume "
+            raise RunDirError(f"{path}: not valid JSON ({_one_line(error)}); re-run `dsa-bench compare --resume "
                               f"{self.path}`") from error
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: not a JSON object; the file is corrupted")
@@ -248,7 +255,8 @@ class RunDir:
         try:
             frame = pd.read_csv(path, keep_default_na=True, dtype={"error": object, "acceptance_per_pos": object})
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
-            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run the affected levels with --resume") from error
+            raise RunDirError(f"{path}: unreadable CSV ({_one_line(error)}); re-run the affected levels with "
+                              f"--resume") from error
         if self._disk_version() == 1:
             frame = upgrade_v1_frame(frame, self._raw().get("scenario") or {})
         missing = [column for column in required if column not in frame.columns]
@@ -293,7 +301,7 @@ class RunDir:
             frame = pd.read_csv(path, dtype={"question_id": str, "extracted": object, "target": object},
                                 keep_default_na=True)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
-            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run GSM8K for both arms") from error
+            raise RunDirError(f"{path}: unreadable CSV ({_one_line(error)}); re-run GSM8K for both arms") from error
         missing = [c for c in schema.REQUIRED_ACCURACY_COLUMNS if c not in frame.columns]
         if missing:
             raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
@@ -366,7 +374,7 @@ class RunDir:
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
-            raise RunDirError(f"{path}: not valid JSON ({error}); {fix}") from error
+            raise RunDirError(f"{path}: not valid JSON ({_one_line(error)}); {fix}") from error
 
     def read_document(self, name: str, model: type[BaseModel], fix: str) -> Any:
         """``name`` validated as ``model`` (None when absent).
@@ -428,6 +436,7 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
     Raises:
         RunDirError: text in a number column, or an empty ``keys`` cell.
     """
+    import numpy as np
     import pandas as pd
 
     text = ("arm", "error", "acceptance_per_pos")
@@ -437,9 +446,13 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
             frame[column] = pd.to_numeric(frame[column], errors="raise")
         frame["arm"] = frame["arm"].astype(str)
     except (ValueError, TypeError) as error:
-        raise RunDirError(f"{path}: non-numeric {column} ({error}); the file is corrupted") from error
+        raise RunDirError(f"{path}: non-numeric {column} ({_one_line(error)}); the file is corrupted") from error
     if keys and frame[list(keys)].isna().any().any():
         raise RunDirError(f"{path}: empty {', '.join(keys)} cells; the file is corrupted")
+    if keys:
+        cells = frame[list(keys)].to_numpy(dtype=float)
+        if not (np.isfinite(cells).all() and (cells == np.round(cells)).all()):
+            raise RunDirError(f"{path}: {', '.join(keys)} cells that are not whole numbers; the file is corrupted")
 
 
 __all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "finite_float",
