@@ -8,7 +8,7 @@ failed attestation: every cell of the run); missing or unfit data never yields P
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
