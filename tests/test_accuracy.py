@@ -132,7 +132,9 @@ def test_resolve_data_dir_order(tmp_path):
 
 
 def test_the_shared_data_dir_is_the_default():
-    assert accuracy.DEFAULT_DATA_DIR == Path(accuracy.REPO_ROOT).parent / "shared" / "data" / "gsm8k"
+    from harness.run.scenario import REPO_ROOT
+
+    assert accuracy.DEFAULT_DATA_DIR == Path(REPO_ROOT).parent / "shared" / "data" / "gsm8k"
 
 
 # ----------------------------------------------------------------------------------------------- command and task
