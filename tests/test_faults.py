@@ -1,4 +1,4 @@
-"""Issue 7: runs that survive faults — a clear message, intact finished data, no stray process, resume.
+"""Runs that survive faults — a clear message, intact finished data, no stray process, resume.
 
 One test (or a group sharing one run) per fault case of the issue, numbered as there. Servers are the fake ``vllm``
 (``tests/fakes/fake_vllm.py`` through ``DSA_BENCH_VLLM``), which fails on cue; the benchmark client is vLLM's real

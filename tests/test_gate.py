@@ -184,7 +184,7 @@ def test_text_in_a_request_column_is_invalid(tmp_path):
 
 
 def test_partial_run_is_invalid_never_pass(tmp_path):
-    """Issue 7: a run interrupted before the candidate's last level: the missing cells make it INVALID."""
+    """A run interrupted before the candidate's last level: the missing cells make it INVALID."""
     manifest, levels, requests = aa.aa_run(RECOMMENDED_REPEATS)
     manifest["status"] = "interrupted"
     for key in [k for k in aa.arm(manifest, "candidate")["levels"] if k.startswith("c8-")]:

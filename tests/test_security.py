@@ -1,4 +1,4 @@
-"""Issue 7, security and servers started by other tooling.
+"""Security, and servers started by other tooling.
 
 - No ``shell=True`` (nor ``os.system``/``os.popen``) anywhere in ``harness/`` and ``dsa_route/`` (AST scan).
 - ``--base-url-baseline/--base-url-candidate`` against two fake servers the test starts: dsa-bench starts and stops

@@ -288,7 +288,7 @@ def test_gpu_scenarios_show_the_upstream_acceptance_reference(tmp_path):
 def test_repeats_are_pooled_by_counts_not_averaged_ratios():
     import pandas as pd
 
-    from harness.render.view import mtp_section
+    from harness.render.sections import mtp_section
     from harness.rundir.schema import Manifest
 
     frame = pd.DataFrame([

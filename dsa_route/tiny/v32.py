@@ -201,7 +201,7 @@ def repeat_last_(model, seed: int, block_scale: float = REPEAT_LAST_BLOCK_SCALE)
       (``enorm(embed(next token))``), so the draft is the token it was given — what the target predicts next — and
       every greedy draft is accepted (acceptance length 1 + k).
 
-    Same recipe as ``dsa_route.tiny.v3.repeat_last_weights`` for DeepSeek-V3 (issue 5), with the blocks kept alive.
+    Same recipe as ``dsa_route.tiny.v3.repeat_last_weights`` for DeepSeek-V3, with the blocks kept alive.
     """
     import torch
 

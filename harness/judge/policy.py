@@ -4,7 +4,7 @@
 Pure: data and validation only; no files, processes or sockets. :mod:`harness.run.scenario` embeds :class:`GatePolicy`;
 :mod:`harness.judge.validity`, :mod:`harness.judge.verdict` and :mod:`harness.judge.simulation` read it.
 
-Margins' origin: the defaults are issue 6's (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
+Margins' origin: the project's acceptance criteria (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
 −2 %). For scale: one arm's standard error on the full 1319-question GSM8K
 test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change), and at
 a quiet machine's run-to-run noise (per-repeat throughput CV ≈ 1.1–1.5 %: the synthetic pool

@@ -1,5 +1,5 @@
-"""Verdict rates by simulation: experiments resampled from recorded repeats of one path (the A/A split of issue 6's
-proof), with an optional injected effect, decided by :mod:`harness.judge.verdict` and counted (:func:`simulate_gate`).
+"""Verdict rates by simulation: experiments resampled from recorded repeats of one path (the A/A split: the same path
+split in two), with an optional injected effect, decided by :mod:`harness.judge.verdict` and counted (:func:`simulate_gate`).
 
 The power figures and :data:`~harness.judge.policy.RECOMMENDED_REPEATS` come from these simulations on the recorded fixture
 (``tests/test_verdict.py``, ``tests/fixtures/recorded``).
@@ -80,7 +80,7 @@ class SimulationResult:
 def simulate_gate(pool: RepeatPool, policy: GatePolicy, *, repeats: int, n_sims: int = 500, seed: int = 0,
                   throughput_factor: float = 1.0, latency_factor: float = 1.0,
                   n_resamples: int = 200) -> SimulationResult:
-    """Verdict rates on experiments resampled from recorded data of one path (the A/A split of issue 6's proof).
+    """Verdict rates on experiments resampled from recorded data of one path (the A/A split: the same path split in two).
 
     Each experiment picks ``repeats`` of the pool's time-adjacent sweep pairs (0, 1), (2, 3), … without replacement
     (with replacement when the pool is too small, flagged in the result), and assigns the two sweeps of each pair to

@@ -8,7 +8,7 @@ failed attestation: every cell of the run); missing or unfit data never yields P
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -102,10 +102,10 @@ def _expected_output_len(arm: ArmRecord | None) -> int | None:
 
 
 def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> ValidityReport:
-    """Run every validity check of issue 6 on the run's data.
+    """Run every validity check on the run's data.
 
     Per arm and level (any failure → the level's cells are INVALID): a planned repeat not ``done`` (failed, skipped,
-    missing — issue 7's partial runs); a done repeat without its levels.csv row; failed requests above
+    missing — a partial run); a done repeat without its levels.csv row; failed requests above
     ``max_failed_fraction``; fewer than ``min_requests_per_concurrency × c`` completed requests (ramp-up and drain
     dominate); achieved concurrency below ``min_concurrency_fraction × c`` by vLLM's ``max_concurrent_requests`` or by
     the per-request timeline; the client saturated (``client_cpu_util`` ≥ ``max_client_cpu_util``); under

@@ -2,7 +2,7 @@
 
 Flow (the runner calls these; see each function):
 
-1. Before any server starts: :func:`resolve_data_dir` (explicit ``--gsm8k-data`` → the scenario's
+1. Before any server starts: :func:`harness.run.gsm8k_data.resolve_data_dir` (explicit ``--gsm8k-data`` → the scenario's
    ``accuracy.data_dir`` → ``<repo>/../shared/data/gsm8k`` when it exists → the Hugging Face hub when reachable →
    skip, with the reason). An explicitly given directory that is wrong is an :class:`AccuracyError` (exit 2).
 2. After each arm's load sweep, on the same server: :func:`run_gsm8k` runs ``python -m lm_eval`` with the
@@ -30,7 +30,6 @@ Statistics (per filter): accuracy ``p = mean(correct)``; stderr ``sqrt(Σ(x − 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from harness.run import procs
 
@@ -46,14 +45,13 @@ from harness.rundir import schema
 from harness.rundir import store as records
 from harness.rundir.schema import ACCURACY_ARM, ACCURACY_COLUMNS, ACCURACY_DIR
 from harness.rundir.store import RunDir
-from harness.run.scenario import REPO_ROOT
+from harness.run.gsm8k_data import (DEFAULT_DATA_DIR, LOCAL_TASK, AccuracyError, GsmData, check_data_dir,
+                                    resolve_data_dir, write_task_yaml)
 
 FILTERS: tuple[str, ...] = ("strict-match", "flexible-extract")
 """The two filters of lm-eval's ``gsm8k`` task (``tasks/gsm8k/gsm8k.yaml``)."""
 
-LOCAL_TASK = "gsm8k_local"
 HUB_TASK = "gsm8k"
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 MAX_GEN_TOKS = 256
 REQUEST_TIMEOUT_S = 600       # lm-eval's per-request timeout
 FEWSHOT_SEED = 1234
@@ -62,65 +60,6 @@ request seed; fixed so both arms get the same few-shot examples for each questio
 
 REFERENCE = ("94.768 % (GSM8K 5-shot exact_match, flexible-extract, GLM-5.2 NVFP4; upstream figure the GPU "
              "scenario is measured against)")
-
-
-class AccuracyError(ValueError):
-    """GSM8K cannot run as asked (bad data dir, lm-eval failed or timed out); ``str(error)`` is one line."""
-
-
-# ------------------------------------------------------------------------------------------------ data
-def check_data_dir(path: str | Path) -> Path:
-    """Check that ``path`` holds GSM8K's ``train.jsonl`` and ``test.jsonl`` and return it resolved.
-
-    Every line must be a JSON object with string ``question`` and ``answer`` fields, the answer ending in
-    ``#### <number>`` (GSM8K's format, as lm-eval's ``gsm8k`` task reads it).
-
-    Raises:
-        AccuracyError: the directory or a file is missing, empty or malformed (one line naming file and line).
-    """
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise AccuracyError(f"{folder}: no such GSM8K data directory; pass a folder holding train.jsonl and "
-                            f"test.jsonl in GSM8K's format (e.g. --gsm8k-data ../shared/data/gsm8k)")
-    for name in ("train.jsonl", "test.jsonl"):
-        file = folder / name
-        if not file.is_file():
-            raise AccuracyError(f"{folder}: missing {name}; a GSM8K data directory needs train.jsonl and test.jsonl")
-        count = 0
-        try:
-            with file.open(encoding="utf-8") as handle:
-                for lineno, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    _check_record(line, file, lineno)
-                    count += 1
-        except UnicodeDecodeError as error:
-            raise AccuracyError(f"{file}: not UTF-8 text ({error.reason}); expected GSM8K jsonl") from None
-        if count == 0:
-            raise AccuracyError(f"{file}: empty; expected one GSM8K problem per line")
-    return folder.resolve()
-
-
-def _check_record(line: str, file: Path, lineno: int) -> None:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise AccuracyError(f"{file}:{lineno}: not JSON ({error.msg}); expected one GSM8K problem per line") from None
-    if not isinstance(record, dict) or not isinstance(record.get("question"), str) \
-            or not isinstance(record.get("answer"), str):
-        raise AccuracyError(f"{file}:{lineno}: not a GSM8K record; need string fields 'question' and 'answer'")
-    if "####" not in record["answer"]:
-        raise AccuracyError(f"{file}:{lineno}: answer lacks the final '#### <number>' line of GSM8K's format")
-
-
-class GsmData(NamedTuple):
-    """Where GSM8K comes from: ``source`` "local" (``path`` set), "hub" (lm-eval downloads ``openai/gsm8k``) or
-    "skip" (GSM8K does not run; ``reason`` says why, for the report)."""
-
-    path: Path | None
-    source: Literal["local", "hub", "skip"]
-    reason: str
-
 
 
 @dataclass(frozen=True)
@@ -151,83 +90,6 @@ class GsmSettings:
         """The settings of a scenario's ``[accuracy]`` table."""
         return cls(num_fewshot=spec.num_fewshot, limit=spec.limit, num_concurrent=spec.num_concurrent,
                    timeout_s=spec.timeout_s)
-
-def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers (False when ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set)."""
-    if any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE",
-                                                                                 "HF_DATASETS_OFFLINE")):
-        return False
-    import requests
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        return requests.head(f"{endpoint}/api/datasets/openai/gsm8k", timeout=timeout_s).status_code < 500
-    except requests.RequestException:
-        return False
-
-
-def resolve_data_dir(explicit: str | None, scenario_dir: str | None, *,
-                     default_dir: Path = DEFAULT_DATA_DIR,
-                     hub_check: Callable[[], bool] = hub_reachable) -> GsmData:
-    """Decide where GSM8K comes from (call before any server starts).
-
-    ``explicit`` (``--gsm8k-data``, relative to the working directory) wins, then ``scenario_dir``
-    (``accuracy.data_dir``, relative to the repository root); either must be a valid data directory. Without
-    both: ``default_dir`` (``<repo>/../shared/data/gsm8k``) when it is a valid data directory, else the hub when
-    ``hub_check()`` is true, else skip.
-
-    Raises:
-        AccuracyError: an explicitly given directory (flag or scenario) is missing or malformed.
-    """
-    if explicit:
-        return GsmData(check_data_dir(Path(explicit).expanduser().resolve()), "local", f"--gsm8k-data {explicit}")
-    if scenario_dir:
-        path = Path(scenario_dir).expanduser()
-        path = path if path.is_absolute() else (REPO_ROOT / path)
-        return GsmData(check_data_dir(path), "local", f"scenario accuracy.data_dir {scenario_dir}")
-    if Path(default_dir).is_dir():
-        try:
-            return GsmData(check_data_dir(default_dir), "local", f"default {default_dir}")
-        except AccuracyError as error:
-            default_problem = str(error)
-        if hub_check():
-            return GsmData(None, "hub", f"{default_problem}; using the Hugging Face hub")
-        return GsmData(None, "skip", f"GSM8K not run: {default_problem}, and the Hugging Face hub is not reachable")
-    if hub_check():
-        return GsmData(None, "hub", f"{default_dir} does not exist; lm-eval downloads openai/gsm8k from the hub")
-    return GsmData(None, "skip", f"GSM8K not run: no local data ({default_dir} does not exist, no --gsm8k-data) "
-                                 f"and the Hugging Face hub is not reachable")
-
-
-def write_task_yaml(task_dir: Path, data_dir: Path) -> Path:
-    """Write ``task_dir/gsm8k_local.yaml``: lm-eval's own ``gsm8k.yaml`` (included by absolute path) with the
-    dataset pointed at ``data_dir``'s jsonl files through the ``json`` builder. Returns the file's path.
-
-    Only ``task``, ``tag``, ``dataset_path``, ``dataset_name`` and ``dataset_kwargs`` are overridden: prompt,
-    few-shot split, generation settings, filters and metric stay upstream's.
-    """
-    import yaml
-
-    spec = importlib.util.find_spec("lm_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise AccuracyError("lm-eval is not installed in this environment; run scripts/setup.sh")
-    upstream = Path(list(spec.submodule_search_locations)[0]) / "tasks" / "gsm8k" / "gsm8k.yaml"
-    if not upstream.is_file():
-        raise AccuracyError(f"{upstream}: lm-eval's gsm8k task is missing; reinstall lm-eval")
-    task = {
-        "include": str(upstream),
-        "task": LOCAL_TASK,
-        "tag": [],
-        "dataset_path": "json",
-        "dataset_name": None,
-        "dataset_kwargs": {"data_files": {"train": str(Path(data_dir) / "train.jsonl"),
-                                          "test": str(Path(data_dir) / "test.jsonl")}},
-    }
-    task_dir.mkdir(parents=True, exist_ok=True)
-    path = task_dir / f"{LOCAL_TASK}.yaml"
-    records.atomic_write_text(path, "# Generated by dsa-bench (harness/run/accuracy.py): upstream gsm8k on local data.\n"
-                              + yaml.safe_dump(task, sort_keys=False))
-    return path
 
 
 # ------------------------------------------------------------------------------------------------ running lm-eval
@@ -542,7 +404,7 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 __all__ = [
-    "ACCURACY_COLUMNS", "AccuracyError", "ArmResult", "Endpoint", "GsmData", "GsmSettings", "REFERENCE", "check_data_dir", "gsm8k_command",
-    "load_summary", "paired", "parse_samples", "read_rows", "record_skipped", "resolve_data_dir", "run_gsm8k",
+    "ACCURACY_COLUMNS", "AccuracyError", "ArmResult", "DEFAULT_DATA_DIR", "Endpoint", "GsmData", "GsmSettings",
+    "REFERENCE", "check_data_dir", "gsm8k_command", "load_summary", "paired", "parse_samples", "read_rows", "record_skipped", "resolve_data_dir", "run_gsm8k",
     "summarize", "write_task_yaml",
 ]

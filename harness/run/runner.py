@@ -262,7 +262,7 @@ class Runner:
 
     # ----------------------------------------------------------------------------------------------- accuracy
     def _parity(self, arm: str, server: VllmServer | RemoteServer) -> None:
-        """Greedy outputs of the fixed parity prompts, once per arm before its sweep (issue 5)."""
+        """Greedy outputs of the fixed parity prompts, once per arm before its sweep."""
         if parity.load_arm(self.run_dir, arm) is not None:   # resumed run: already collected
             return
         started = time.monotonic()
@@ -273,7 +273,7 @@ class Runner:
         self.timing["parity_s"] += time.monotonic() - started
 
     def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
-        """lm-eval GSM8K on the arm's running server, after its last level (issue 5)."""
+        """lm-eval GSM8K on the arm's running server, after its last level."""
         spec, data = self.plan.scenario.accuracy, self.options.gsm8k
         if not spec.enabled or data is None or data.source == "skip":
             return

@@ -136,7 +136,7 @@ class MtpSpec(_Frozen):
 
 
 class AccuracySpec(_Frozen):
-    """GSM8K through lm-eval (issue 5). ``limit`` None = full test set; ``data_dir`` holds train/test.jsonl."""
+    """GSM8K through lm-eval. ``limit`` None = full test set; ``data_dir`` holds train/test.jsonl."""
 
     enabled: bool = False
     task: Literal["gsm8k"] = "gsm8k"

@@ -10,9 +10,7 @@ any other version is refused with one line naming it.
 from __future__ import annotations
 
 import csv
-import io
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +19,8 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from harness.rundir import schema
+from harness.rundir.files import first_error, one_line, finite_float, json_text, rows_to_csv
+from harness.rundir.v1 import upgrade_v1, upgrade_v1_frame
 from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, LevelKey, LevelRow,
                                    Manifest, RequestRow)
 
@@ -31,16 +31,6 @@ class RunDirError(Exception):
 
 class SchemaError(RunDirError):
     """A file parses but does not follow the schema (a wrong type, a missing field); the message names the file."""
-
-
-def finite_float(value: Any) -> float | None:
-    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
-    values)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -61,87 +51,9 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _clean(value: Any) -> Any:
-    """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None, numpy scalars → Python."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, BaseModel):
-        return _clean(value.model_dump(mode="json"))
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, str):
-        return _clean(value.item())
-    return value
-
-
-def json_text(data: Any) -> str:
-    """``data`` as indented, strict JSON text (see :func:`_clean`)."""
-    return json.dumps(_clean(data), indent=2, ensure_ascii=False, allow_nan=False, default=str) + "\n"
-
-
 def atomic_write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON atomically (see :func:`atomic_write_text`)."""
     atomic_write_text(path, json_text(data))
-
-
-def rows_to_csv(rows: Iterable[Mapping[str, Any] | BaseModel], columns: tuple[str, ...]) -> str:
-    """Render ``rows`` as CSV text with exactly ``columns`` (missing keys → empty cells, extra keys ignored)."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        row = row.model_dump() if isinstance(row, BaseModel) else row
-        writer.writerow({column: ("" if row.get(column) is None else row.get(column)) for column in columns})
-    return buffer.getvalue()
-
-
-def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
-    return f"{where}: {first.get('msg')}"
-
-
-# ----------------------------------------------------------------------------------------------------- version 1
-
-
-def _v1_session(scenario: Mapping[str, Any], round_: int) -> int:
-    """The server session a version-1 level ran in: concurrent servers stay up for the run (session 0), sequential
-    servers restart per ABBA block, one block per round."""
-    serve = scenario.get("serve") if isinstance(scenario.get("serve"), Mapping) else {}
-    return 0 if serve.get("concurrent_servers", False) else int(round_)
-
-
-def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A version-1 ``manifest.json`` (arms as a map keyed by name, no sessions) as version-2 data."""
-    scenario = data.get("scenario") if isinstance(data.get("scenario"), Mapping) else {}
-    arms = []
-    raw_arms = data.get("arms") if isinstance(data.get("arms"), Mapping) else {}
-    for name, arm in raw_arms.items():
-        if not isinstance(arm, Mapping):
-            continue
-        levels = {}
-        for key, level in (arm.get("levels") or {}).items():
-            parsed = LevelKey.parse(key)
-            level = dict(level) if isinstance(level, Mapping) else {"status": str(level)}
-            if parsed is not None and level.get("status") == "done":
-                level.setdefault("session", _v1_session(scenario, parsed.round))
-            levels[key] = level
-        sessions = sorted({level["session"] for level in levels.values() if level.get("session") is not None})
-        arms.append({**arm, "name": name, "levels": levels,
-                     "sessions": [{"index": index, "base_url": arm.get("base_url")} for index in sessions]})
-    return {**data, "schema_version": 2, "arms": arms}
-
-
-def upgrade_v1_frame(frame, scenario: Mapping[str, Any]):
-    """A version-1 ``levels.csv``/``requests.csv`` frame with ``repeat`` renamed ``round`` and ``session`` added."""
-    if "repeat" in frame.columns and "round" not in frame.columns:
-        frame = frame.rename(columns={"repeat": "round"})
-    if "session" not in frame.columns and "round" in frame.columns:
-        frame["session"] = [None if finite_float(r) is None else _v1_session(scenario, int(float(r)))
-                            for r in frame["round"]]
-    return frame
 
 
 # ----------------------------------------------------------------------------------------------------- RunDir
@@ -180,7 +92,7 @@ class RunDir:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RunDirError(f"{path}: not valid JSON ({error}); re-run `dsa-bench compare --resume "
+            raise RunDirError(f"{path}: not valid JSON ({one_line(error)}); re-run `dsa-bench compare --resume "
                               f"{self.path}`") from error
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: not a JSON object; the file is corrupted")
@@ -222,7 +134,7 @@ class RunDir:
         try:
             return Manifest.model_validate(data)
         except ValidationError as error:
-            raise SchemaError(f"{self.file(schema.MANIFEST)}: {_first_error(error)}; the file is corrupted") from None
+            raise SchemaError(f"{self.file(schema.MANIFEST)}: {first_error(error)}; the file is corrupted") from None
 
     def write_manifest(self, manifest: Manifest | Mapping[str, Any]) -> Manifest:
         """Validate ``manifest`` and write it (version 2); returns the typed manifest.
@@ -233,7 +145,7 @@ class RunDir:
         try:
             typed = manifest if isinstance(manifest, Manifest) else Manifest.model_validate(manifest)
         except ValidationError as error:
-            raise SchemaError(f"{self.file(schema.MANIFEST)}: refusing to write: {_first_error(error)}") from None
+            raise SchemaError(f"{self.file(schema.MANIFEST)}: refusing to write: {first_error(error)}") from None
         atomic_write_json(self.file(schema.MANIFEST), typed)
         self._raw_manifest = None
         return typed
@@ -248,7 +160,8 @@ class RunDir:
         try:
             frame = pd.read_csv(path, keep_default_na=True, dtype={"error": object, "acceptance_per_pos": object})
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
-            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run the affected levels with --resume") from error
+            raise RunDirError(f"{path}: unreadable CSV ({one_line(error)}); re-run the affected levels with "
+                              f"--resume") from error
         if self._disk_version() == 1:
             frame = upgrade_v1_frame(frame, self._raw().get("scenario") or {})
         missing = [column for column in required if column not in frame.columns]
@@ -293,7 +206,7 @@ class RunDir:
             frame = pd.read_csv(path, dtype={"question_id": str, "extracted": object, "target": object},
                                 keep_default_na=True)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as error:
-            raise RunDirError(f"{path}: unreadable CSV ({error}); re-run GSM8K for both arms") from error
+            raise RunDirError(f"{path}: unreadable CSV ({one_line(error)}); re-run GSM8K for both arms") from error
         missing = [c for c in schema.REQUIRED_ACCURACY_COLUMNS if c not in frame.columns]
         if missing:
             raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
@@ -366,7 +279,7 @@ class RunDir:
         try:
             return json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
-            raise RunDirError(f"{path}: not valid JSON ({error}); {fix}") from error
+            raise RunDirError(f"{path}: not valid JSON ({one_line(error)}); {fix}") from error
 
     def read_document(self, name: str, model: type[BaseModel], fix: str) -> Any:
         """``name`` validated as ``model`` (None when absent).
@@ -380,7 +293,7 @@ class RunDir:
         try:
             return model.model_validate(data)
         except ValidationError as error:
-            raise SchemaError(f"{self.file(name)}: {_first_error(error)}; {fix}") from None
+            raise SchemaError(f"{self.file(name)}: {first_error(error)}; {fix}") from None
 
     def write_json(self, name: str, data: Any) -> Path:
         """Write ``data`` (a model or plain data) as JSON to ``name``; returns the path."""
@@ -419,7 +332,7 @@ def _row(model: type[BaseModel], row: BaseModel | Mapping[str, Any]) -> dict[str
     try:
         return model.model_validate(dict(row)).model_dump()
     except ValidationError as error:
-        raise ValueError(f"{model.__name__}: {_first_error(error)}") from None
+        raise ValueError(f"{model.__name__}: {first_error(error)}") from None
 
 
 def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
@@ -428,6 +341,7 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
     Raises:
         RunDirError: text in a number column, or an empty ``keys`` cell.
     """
+    import numpy as np
     import pandas as pd
 
     text = ("arm", "error", "acceptance_per_pos")
@@ -437,9 +351,13 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
             frame[column] = pd.to_numeric(frame[column], errors="raise")
         frame["arm"] = frame["arm"].astype(str)
     except (ValueError, TypeError) as error:
-        raise RunDirError(f"{path}: non-numeric {column} ({error}); the file is corrupted") from error
+        raise RunDirError(f"{path}: non-numeric {column} ({one_line(error)}); the file is corrupted") from error
     if keys and frame[list(keys)].isna().any().any():
         raise RunDirError(f"{path}: empty {', '.join(keys)} cells; the file is corrupted")
+    if keys:
+        cells = frame[list(keys)].to_numpy(dtype=float)
+        if not (np.isfinite(cells).all() and (cells == np.round(cells)).all()):
+            raise RunDirError(f"{path}: {', '.join(keys)} cells that are not whole numbers; the file is corrupted")
 
 
 __all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "finite_float",

@@ -1,0 +1,205 @@
+"""From a run's tables to the cells the verdict decides (:func:`build_cells`): per primary metric and level, the
+paired values of both arms over the rounds valid in both, or why the cell is INVALID. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.judge import stats
+from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
+from harness.judge.validity import ValidityReport
+from harness.metrics import succeeded
+from harness.rundir.schema import Manifest
+from harness.rundir.store import finite_float
+
+
+@dataclass(frozen=True)
+class CellInput:
+    """The data of one cell, ready for :func:`decide`.
+
+    ``baseline[i]``/``candidate[i]``: values of paired repeat ``repeats[i]`` (per-request values, or a one-element
+    array with the per-repeat figure). Accuracy cells carry ``correct = (baseline, candidate)`` per question instead.
+    ``invalid`` reasons make the cell INVALID; ``notes`` are shown but change nothing; ``shown`` are the arms'
+    figures displayed beside an INVALID cell (from whatever data exists; never tested).
+    """
+
+    metric: str
+    level: int | None
+    baseline: tuple[np.ndarray, ...] = ()
+    candidate: tuple[np.ndarray, ...] = ()
+    repeats: tuple[int, ...] = ()
+    correct: tuple[np.ndarray, np.ndarray] | None = None
+    invalid: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    primary: bool = True
+    shown: tuple[float | None, float | None] = (None, None)
+
+
+def _spec_values(row) -> float | None:
+    """Acceptance length of one repeat: 1 + accepted/drafts from the counters when present, else the column."""
+    drafts, accepted = finite_float(row.get("spec_drafts")), finite_float(row.get("spec_accepted_tokens"))
+    if drafts is not None and accepted is not None:
+        return 1.0 + accepted / drafts if drafts > 0 else None
+    value = finite_float(row.get("acceptance_length"))
+    return value if value is not None and value > 0 else None
+
+
+def _spec_rate(row) -> float | None:
+    draft_tokens, accepted = finite_float(row.get("spec_draft_tokens")), finite_float(row.get("spec_accepted_tokens"))
+    if draft_tokens is not None and accepted is not None:
+        return accepted / draft_tokens if draft_tokens > 0 else None
+    return finite_float(row.get("acceptance_rate"))
+
+
+def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
+                validity: ValidityReport, *, diagnostics: bool = True) -> list[CellInput]:
+    """The primary cells (every primary metric × every policy level, plus GSM8K) and, optionally, diagnostic ones.
+
+    A cell uses the repeats that are valid in both arms. Missing data (no levels.csv column, no requests.csv rows, no
+    accuracy.csv, no MTP counters) makes a primary cell INVALID with a reason naming the file and the fix.
+    """
+    base, cand = validity.arms["baseline"], validity.arms["candidate"]
+    wanted_levels = policy.levels if policy.levels is not None else validity.levels
+    rows = levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
+    level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
+                  rows.set_index(["arm", "concurrency", "round"]).iterrows()} if len(rows) else {}
+    ok_requests = succeeded(requests) if len(requests) else requests
+    request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
+                      ok_requests.groupby(["arm", "concurrency", "round"])} if len(ok_requests) else {}
+    names = list(policy.primary)
+    if diagnostics:
+        names += [n for n in DIAGNOSTIC if n not in policy.primary]
+    cells = []
+    for name in names:
+        spec = METRICS[name]
+        primary = name in policy.primary
+        if spec.source == "accuracy":
+            cells.append(_accuracy_cell(accuracy, policy, validity, base, cand))
+            continue
+        if not primary and spec.source == "spec" and not _has_spec_data(levels):
+            continue
+        for level in wanted_levels:
+            cells.append(_level_cell(spec, level, primary, validity, level_rows, request_groups, levels, policy,
+                                     base, cand))
+    return cells
+
+
+def _has_spec_data(levels) -> bool:
+    return any(c in levels.columns and levels[c].notna().any()
+               for c in ("acceptance_length", "spec_drafts"))
+
+
+def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
+                levels, policy: GatePolicy, base: str, cand: str) -> CellInput:
+    reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
+    if level not in validity.levels:
+        reasons.append(f"level {level} is not in this run")
+    reasons += validity.level_reasons(level)
+    if spec.source == "spec" and not _has_spec_data(levels):
+        reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
+                       f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")
+    common = sorted(validity.done.get((base, level), set()) & validity.done.get((cand, level), set()))
+    if not common and not reasons:
+        reasons.append("no repeat done in both arms")
+    values: dict[str, list[np.ndarray]] = {base: [], cand: []}
+    if not reasons:
+        for arm in (base, cand):
+            for repeat in common:
+                value = _cell_values(spec, level_rows[(arm, level, repeat)], request_groups.get((arm, level, repeat)),
+                                     levels)
+                if isinstance(value, str):
+                    reasons.append(f"{'baseline' if arm == base else 'candidate'} r{repeat}: {value}")
+                else:
+                    values[arm].append(value)
+        if spec.statistic.startswith("p") and spec.source == "request" and not reasons:
+            for arm in (base, cand):
+                n = sum(v.size for v in values[arm])
+                if n < policy.min_requests_for_p99:
+                    reasons.append(f"{'baseline' if arm == base else 'candidate'}: {n} requests over {len(common)} "
+                                   f"repeat(s), fewer than the {policy.min_requests_for_p99} a p99 needs")
+    reasons = list(dict.fromkeys(reasons))
+    if reasons:
+        shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
+        return CellInput(spec.name, level, invalid=tuple(reasons), primary=primary, shown=shown)
+    return CellInput(spec.name, level, tuple(values[base]), tuple(values[cand]), tuple(common), primary=primary)
+
+
+def _shown_value(spec: Metric, arm: str, level: int, level_rows, request_groups, levels) -> float | None:
+    """The arm's figure over whatever repeats it has, valid or not: shown beside an INVALID cell, never tested."""
+    values = []
+    for (a, c, r), row in level_rows.items():
+        if a == arm and c == level:
+            value = _cell_values(spec, row, request_groups.get((a, c, r)), levels)
+            if not isinstance(value, str):
+                values.append(value)
+    try:
+        return stats.statistic_of(values, spec.statistic) if values else None
+    except ValueError:
+        return None
+
+
+def _cell_values(spec: Metric, row, frame, levels) -> np.ndarray | str:
+    """One repeat's values for a cell, or a reason string when they are missing."""
+    if spec.source == "level":
+        value = finite_float(row.get(spec.column))
+        if value is None or value <= 0:
+            return f"levels.csv {spec.column} is empty or not positive"
+        return np.array([value])
+    if spec.source == "spec":
+        value = _spec_values(row) if spec.name == "acceptance_length" else _spec_rate(row)
+        if value is None or value <= 0:
+            return f"no MTP {spec.name} in this window (no drafts, or a zero rate: a ratio is undefined)"
+        return np.array([value])
+    if frame is None:
+        return "no successful requests in requests.csv"
+    values = frame[spec.column].to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return f"requests.csv has no {spec.column} values"
+    return values
+
+
+def _accuracy_cell(accuracy, policy: GatePolicy, validity: ValidityReport, base: str, cand: str) -> CellInput:
+    name = "gsm8k_accuracy"
+    primary = name in policy.primary
+    reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
+    if accuracy is None or len(accuracy) == 0:
+        return CellInput(name, None, invalid=tuple(reasons + [
+            "accuracy.csv is absent or empty: GSM8K did not run (accuracy/summary.json says why; rerun with "
+            "--gsm8k-data DIR, or with --no-gsm8k to leave accuracy out of the verdict)"]), primary=primary)
+    frame = accuracy[accuracy["filter"].astype(str) == policy.gsm8k_filter]
+    per_arm = {}
+    for arm in (base, cand):
+        rows = frame[frame["arm"].astype(str) == arm]
+        if rows.empty:
+            reasons.append(f"accuracy.csv has no {policy.gsm8k_filter!r} rows for {arm}")
+            continue
+        if rows["question_id"].duplicated().any():
+            reasons.append(f"accuracy.csv repeats question ids for {arm}")
+        per_arm[arm] = rows.drop_duplicates("question_id", keep="last").set_index("question_id")["correct"]
+    if not reasons:
+        ids_b, ids_c = set(per_arm[base].index), set(per_arm[cand].index)
+        if ids_b != ids_c:
+            reasons.append(f"the arms answered different questions (baseline {len(ids_b)}, candidate {len(ids_c)}, "
+                           f"common {len(ids_b & ids_c)}): a paired comparison needs the same set")
+        elif len(ids_b) < 2:
+            reasons.append("fewer than two GSM8K questions")
+    if reasons:
+        return CellInput(name, None, invalid=tuple(dict.fromkeys(reasons)), primary=primary)
+    order = sorted(per_arm[base].index, key=str)
+    try:
+        correct = tuple(_as_bool(per_arm[arm].loc[order]) for arm in (base, cand))
+    except ValueError as error:
+        return CellInput(name, None, invalid=(f"accuracy.csv: {error}",), primary=primary)
+    return CellInput(name, None, correct=correct, primary=primary)
+
+
+def _as_bool(series) -> np.ndarray:
+    text = series.astype(str).str.strip().str.lower()
+    mapping = {"1": True, "1.0": True, "true": True, "0": False, "0.0": False, "false": False}
+    unknown = sorted(set(text) - set(mapping))
+    if unknown:
+        raise ValueError(f"'correct' must be 0/1 or true/false, found {unknown[:3]}")
+    return text.map(mapping).to_numpy(dtype=bool)

@@ -1,0 +1,63 @@
+"""Pure helpers of the run-directory store: numbers from cells, strict JSON text, CSV text, one-line messages."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any, Iterable, Mapping
+
+from pydantic import BaseModel, ValidationError
+
+
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
+    values)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None, numpy scalars → Python."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, BaseModel):
+        return _clean(value.model_dump(mode="json"))
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, str):
+        return _clean(value.item())
+    return value
+
+
+def json_text(data: Any) -> str:
+    """``data`` as indented, strict JSON text (see :func:`_clean`)."""
+    return json.dumps(_clean(data), indent=2, ensure_ascii=False, allow_nan=False, default=str) + "\n"
+
+
+def rows_to_csv(rows: Iterable[Mapping[str, Any] | BaseModel], columns: tuple[str, ...]) -> str:
+    """Render ``rows`` as CSV text with exactly ``columns`` (missing keys → empty cells, extra keys ignored)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        row = row.model_dump() if isinstance(row, BaseModel) else row
+        writer.writerow({column: ("" if row.get(column) is None else row.get(column)) for column in columns})
+    return buffer.getvalue()
+
+
+def one_line(error: BaseException) -> str:
+    """``error``'s message on one line (pandas' parser messages end in a newline)."""
+    return " ".join(str(error).split())
+
+
+def first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
+    return f"{where}: {first.get('msg')}"
