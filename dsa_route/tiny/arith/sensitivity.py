@@ -1,0 +1,108 @@
+"""Does the arithmetic checkpoint's accuracy depend on the DSA path? ``python -m dsa_route.tiny.arith.sensitivity``.
+
+Runs the test problems through the reference model (:mod:`.evaluate`) once on the correct path and once per
+injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
+path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
+
+Defects (:data:`INJECTIONS`, applied by :func:`injected` for the duration of a ``with`` block):
+
+- ``topk-random``: each query's indexer selection is replaced by ``index_topk`` keys drawn uniformly (seeded) from the
+  keys it may see — sparse attention still runs, on the wrong tokens;
+- ``indexer-rope-flip``: the indexer's RoPE pair layout is flipped (half-split ↔ interleaved, the DeepSeek-V3.2 /
+  GLM-5 difference), so the indexer scores positions wrongly while the MLA attention stays correct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from dsa_route.dsa import DsaForCausalLM
+from dsa_route.dsa import attention as dsa_attention
+from dsa_route.dsa.topk import topk_indices
+
+from .evaluate import TEST_SEED, evaluate, load
+from .model import CHECKPOINT_DIR
+from .task import generate
+
+INJECTIONS = ("topk-random", "indexer-rope-flip")
+
+
+@contextlib.contextmanager
+def injected(model: DsaForCausalLM, kind: str, seed: int = 0) -> Iterator[None]:
+    """Apply defect ``kind`` (:data:`INJECTIONS`) to ``model``'s reference forward inside the block; restored on exit.
+    Raises ValueError for an unknown kind."""
+    if kind not in INJECTIONS:
+        raise ValueError(f"inject: expected one of {INJECTIONS}, got {kind!r}")
+    if kind == "topk-random":
+        gen = torch.Generator().manual_seed(seed)
+
+        def random_topk(logits: torch.Tensor, topk: int) -> torch.Tensor:
+            noise = torch.rand(logits.shape, generator=gen).to(logits.device)
+            return topk_indices(noise.masked_fill(torch.isinf(logits) | torch.isnan(logits), float("-inf")), topk)
+
+        saved = dsa_attention.topk_indices
+        dsa_attention.topk_indices = random_topk
+        try:
+            yield
+        finally:
+            dsa_attention.topk_indices = saved
+        return
+    indexers = [layer.self_attn.indexer for layer in model.model.layers if layer.self_attn.indexer is not None]
+    for ix in indexers:
+        ix.interleaved_rope = not ix.interleaved_rope
+    try:
+        yield
+    finally:
+        for ix in indexers:
+            ix.interleaved_rope = not ix.interleaved_rope
+
+
+def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS) -> dict:
+    """``{"correct": {...}, "<kind>": {..., "drop_points": {...}, "parity": p}}`` over ``n`` test problems."""
+    problems = generate(n, seed)
+    base = evaluate(model, tok, problems)
+    report: dict = {"n": n, "correct": {"accuracy": base.accuracy}}
+    for kind in kinds:
+        with injected(model, kind):
+            res = evaluate(model, tok, problems)
+        same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
+        report[kind] = {"accuracy": res.accuracy, "parity": same,
+                        "drop_points": {f: round(100 * (base.accuracy[f] - res.accuracy[f]), 1) for f in res.accuracy}}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dsa_route.tiny.arith.sensitivity", description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", default=str(CHECKPOINT_DIR))
+    ap.add_argument("--n", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=TEST_SEED)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.n <= 0:
+        ap.error("--n must be > 0")
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        print(f"{args.checkpoint}: no checkpoint (config.json missing); pass --checkpoint DIR", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    model, tok = load(args.checkpoint, args.dtype)
+    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS))
+    for kind in ("correct", *(args.inject or INJECTIONS)):
+        r = report[kind]
+        acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
+        extra = "" if kind == "correct" else (f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %")
+        print(f"{kind:18s} {acc}{extra}")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
