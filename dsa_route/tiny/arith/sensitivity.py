@@ -4,7 +4,8 @@ Runs the test problems through the reference model (:mod:`.evaluate`) once on th
 injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
 path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
 
-Defects (:data:`INJECTIONS`, applied by :func:`injected` for the duration of a ``with`` block):
+Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a ``with`` block, and
+:func:`random_topk_indices` / :func:`flip_indexer_rope_` are the two pieces a serving path can apply itself):
 
 - ``topk-random``: each query's indexer selection is replaced by ``index_topk`` keys drawn uniformly (seeded) from the
   keys it may see — sparse attention still runs, on the wrong tokens;
@@ -25,6 +26,7 @@ import torch
 
 from dsa_route.dsa import DsaForCausalLM
 from dsa_route.dsa import attention as dsa_attention
+from dsa_route.dsa.indexer import Indexer
 from dsa_route.dsa.topk import topk_indices
 
 from .evaluate import TEST_SEED, evaluate, load
@@ -34,34 +36,42 @@ from .task import generate
 INJECTIONS = ("topk-random", "indexer-rope-flip")
 
 
+def random_topk_indices(logits: torch.Tensor, topk: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``topk-random``: same contract as :func:`dsa_route.dsa.topk.topk_indices` (``int32 [S, topk]``, ``-1``
+    padded), but the ``topk`` keys of each row are drawn uniformly from its visible (finite-logit) keys."""
+    noise = torch.rand(logits.shape, generator=generator).to(logits.device)
+    return topk_indices(noise.masked_fill(~torch.isfinite(logits), float("-inf")), topk)
+
+
+def flip_indexer_rope_(model: torch.nn.Module) -> None:
+    """``indexer-rope-flip``, in place: every lightning indexer of ``model`` switches its RoPE pair layout
+    (half-split ↔ interleaved); calling it twice restores the model."""
+    for module in model.modules():
+        if isinstance(module, Indexer):
+            module.interleaved_rope = not module.interleaved_rope
+
+
 @contextlib.contextmanager
 def injected(model: DsaForCausalLM, kind: str, seed: int = 0) -> Iterator[None]:
     """Apply defect ``kind`` (:data:`INJECTIONS`) to ``model``'s reference forward inside the block; restored on exit.
+    ``topk-random`` replaces ``topk_indices`` where the reference attention calls it (seeded by ``seed``).
     Raises ValueError for an unknown kind."""
     if kind not in INJECTIONS:
         raise ValueError(f"inject: expected one of {INJECTIONS}, got {kind!r}")
-    if kind == "topk-random":
-        gen = torch.Generator().manual_seed(seed)
-
-        def random_topk(logits: torch.Tensor, topk: int) -> torch.Tensor:
-            noise = torch.rand(logits.shape, generator=gen).to(logits.device)
-            return topk_indices(noise.masked_fill(torch.isinf(logits) | torch.isnan(logits), float("-inf")), topk)
-
-        saved = dsa_attention.topk_indices
-        dsa_attention.topk_indices = random_topk
+    if kind == "indexer-rope-flip":
+        flip_indexer_rope_(model)
         try:
             yield
         finally:
-            dsa_attention.topk_indices = saved
+            flip_indexer_rope_(model)
         return
-    indexers = [layer.self_attn.indexer for layer in model.model.layers if layer.self_attn.indexer is not None]
-    for ix in indexers:
-        ix.interleaved_rope = not ix.interleaved_rope
+    gen = torch.Generator().manual_seed(seed)
+    saved = dsa_attention.topk_indices
+    dsa_attention.topk_indices = lambda logits, topk: random_topk_indices(logits, topk, gen)
     try:
         yield
     finally:
-        for ix in indexers:
-            ix.interleaved_rope = not ix.interleaved_rope
+        dsa_attention.topk_indices = saved
 
 
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS) -> dict:
