@@ -74,11 +74,14 @@ def injected(model: DsaForCausalLM, kind: str, seed: int = 0) -> Iterator[None]:
         dsa_attention.topk_indices = saved
 
 
-def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS) -> dict:
-    """``{"correct": {...}, "<kind>": {..., "drop_points": {...}, "parity": p}}`` over ``n`` test problems."""
+def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
+        mtp_n: int = 0) -> dict:
+    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity}}`` over ``n``
+    test problems (MTP acceptance of the correct path on the first ``mtp_n``)."""
     problems = generate(n, seed)
-    base = evaluate(model, tok, problems)
-    report: dict = {"n": n, "correct": {"accuracy": base.accuracy}}
+    base = evaluate(model, tok, problems, mtp_n=mtp_n)
+    report: dict = {"n": n, "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
+                                        "mtp_n": base.mtp_n}}
     for kind in kinds:
         with injected(model, kind):
             res = evaluate(model, tok, problems)
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=TEST_SEED)
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
+    ap.add_argument("--mtp-n", type=int, default=32, help="problems for the MTP acceptance proxy (0: skip)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     if args.n <= 0:
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     model, tok = load(args.checkpoint, args.dtype)
-    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS))
+    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n)
     for kind in ("correct", *(args.inject or INJECTIONS)):
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())

@@ -19,7 +19,8 @@ learning rate follow progress, and training stops at progress 1.
 Seeded (``--seed``: weights, and the problem stream), resumable (``<work>/state.pt``: weights, optimizer, step,
 elapsed time, the problem stream's RNG state; a rerun with the same ``--work`` continues), a progress bar, the loss
 curve in ``<work>/loss.jsonl``. The HF-format checkpoint (:func:`.model.export_checkpoint`) is exported to ``--out``
-at every save and at the end, with ``train.json`` (the command, arguments, steps, wall time, last losses).
+at every save and at the end, with ``train.json`` (the command, every invocation that trained this state with the
+step it started from, arguments, steps, wall time, last losses).
 """
 
 from __future__ import annotations
@@ -116,26 +117,27 @@ def main(argv: list[str] | None = None) -> int:
     model = DsaForCausalLM(config).init_random(args.seed)
     opt = make_optimizer(model, args.lr, args.weight_decay)
     rng = random.Random(args.seed)
-    step, elapsed = 0, 0.0
+    step, elapsed, history = 0, 0.0, []
     state_file = work / "state.pt"
     if state_file.is_file():
         state = torch.load(state_file, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         rng.setstate(state["rng"])
-        step, elapsed = state["step"], state["elapsed"]
+        step, elapsed, history = state["step"], state["elapsed"], state.get("history", [])
         print(f"resumed from {state_file} at step {step} ({elapsed / 60:.1f} min trained)", file=sys.stderr)
     command = "python -m dsa_route.tiny.arith.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    history.append({"command": command, "from_step": step})
 
     def progress() -> float:
         return step / args.steps if args.steps else elapsed / (args.minutes * 60)
 
     def save(last: dict) -> None:
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": rng.getstate(), "step": step,
-                    "elapsed": elapsed}, work / "state.tmp")
+                    "elapsed": elapsed, "history": history}, work / "state.tmp")
         (work / "state.tmp").replace(state_file)
         tie_mtp_(model)
-        record = {"command": command, "seed": args.seed, "args": vars(args), "steps": step,
+        record = {"command": command, "invocations": history, "seed": args.seed, "args": vars(args), "steps": step,
                   "train_minutes": round(elapsed / 60, 2), "progress": round(progress(), 4), "last": last,
                   "tokenizer": {"seed": TOKENIZER_SEED, "problems": TOKENIZER_PROBLEMS}}
         out = export_checkpoint(model, tok, args.out, record=record)
