@@ -122,23 +122,38 @@ def load(checkpoint: str | Path, dtype: str = "bfloat16") -> tuple[DsaForCausalL
     return (DsaForCausalLM.from_pretrained(checkpoint, dtype=getattr(torch, dtype)), load_tokenizer(checkpoint))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsa_route.tiny.arith.evaluate", description=__doc__.split("\n")[0])
+def cli_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The options the evaluation scripts share: checkpoint, number of test problems, seed, dtype, MTP proxy size,
+    threads."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     ap.add_argument("--checkpoint", default=str(CHECKPOINT_DIR))
     ap.add_argument("--n", type=int, default=128, help="test problems (default %(default)s)")
     ap.add_argument("--seed", type=int, default=TEST_SEED, help="problem stream (default %(default)s: the test split)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--mtp-n", type=int, default=32, help="problems for the MTP acceptance proxy (0: skip)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--show", type=int, default=0, help="print this many completions")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def cli_load(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[DsaForCausalLM, object] | None:
+    """Check the shared options and load the checkpoint; None (after a one-line error) when it is missing."""
     if args.n <= 0:
         ap.error("--n must be > 0")
     if not (Path(args.checkpoint) / "config.json").is_file():
         print(f"{args.checkpoint}: no checkpoint (config.json missing); pass --checkpoint DIR", file=sys.stderr)
-        return 2
+        return None
     torch.set_num_threads(args.threads)
-    model, tok = load(args.checkpoint, args.dtype)
+    return load(args.checkpoint, args.dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli_parser("python -m dsa_route.tiny.arith.evaluate", __doc__)
+    ap.add_argument("--show", type=int, default=0, help="print this many completions")
+    args = ap.parse_args(argv)
+    loaded = cli_load(ap, args)
+    if loaded is None:
+        return 2
+    model, tok = loaded
     problems = generate(args.n, args.seed)
     result = evaluate(model, tok, problems, mtp_n=args.mtp_n)
     for p, out in list(zip(problems, result.outputs))[:args.show]:

@@ -15,12 +15,10 @@ Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -29,8 +27,7 @@ from dsa_route.dsa import attention as dsa_attention
 from dsa_route.dsa.indexer import Indexer
 from dsa_route.dsa.topk import topk_indices
 
-from .evaluate import TEST_SEED, evaluate, load
-from .model import CHECKPOINT_DIR
+from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
 from .task import generate
 
 INJECTIONS = ("topk-random", "indexer-rope-flip")
@@ -92,22 +89,13 @@ def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dsa_route.tiny.arith.sensitivity", description=__doc__.split("\n")[0])
-    ap.add_argument("--checkpoint", default=str(CHECKPOINT_DIR))
-    ap.add_argument("--n", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=TEST_SEED)
-    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap = cli_parser("python -m dsa_route.tiny.arith.sensitivity", __doc__)
     ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
-    ap.add_argument("--mtp-n", type=int, default=32, help="problems for the MTP acceptance proxy (0: skip)")
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    if args.n <= 0:
-        ap.error("--n must be > 0")
-    if not (Path(args.checkpoint) / "config.json").is_file():
-        print(f"{args.checkpoint}: no checkpoint (config.json missing); pass --checkpoint DIR", file=sys.stderr)
+    loaded = cli_load(ap, args)
+    if loaded is None:
         return 2
-    torch.set_num_threads(args.threads)
-    model, tok = load(args.checkpoint, args.dtype)
+    model, tok = loaded
     report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n)
     for kind in ("correct", *(args.inject or INJECTIONS)):
         r = report[kind]
