@@ -1,4 +1,5 @@
-"""Tiny seeded checkpoints for CPU runs and tests: DeepSeek-V3 (``v3``) and DeepSeek-V3.2 DSA (``v32``)."""
+"""Tiny models the project builds itself for CPU runs and tests: seeded known-answer checkpoints of DeepSeek-V3
+(``v3``) and DeepSeek-V3.2 DSA (``v32``), and a DSA model trained in-repo on a checkable arithmetic task (``arith``)."""
 
 from __future__ import annotations
 

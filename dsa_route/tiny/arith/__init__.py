@@ -1,0 +1,9 @@
+"""A tiny DeepseekV32ForCausalLM trained in-repo on GSM8K-format arithmetic word problems whose answers depend on
+sparse attention (the lightning indexer must retrieve the right numbers from prompts longer than ``index_topk``).
+
+Modules: ``task`` (seeded problem generator, GSM8K jsonl), ``tokenizer`` (a byte-level BPE with single-digit tokens),
+``trainer_model`` (a batched, differentiable formulation of :class:`dsa_route.dsa.DsaForCausalLM`), ``train``
+(the DeepSeek-V3.2 recipe scaled down), ``evaluate`` (strict / flexible GSM8K scoring in the reference model) and
+``sensitivity`` (accuracy and parity with the indexer's selection broken). The committed checkpoint lives in
+``checkpoint/``.
+"""

@@ -1,0 +1,110 @@
+"""Does the arithmetic checkpoint's accuracy depend on the DSA path? ``python -m dsa_route.tiny.arith.sensitivity``.
+
+Runs the test problems through the reference model (:mod:`.evaluate`) once on the correct path and once per
+injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
+path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
+
+Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a ``with`` block, and
+:func:`random_topk_indices` / :func:`flip_indexer_rope_` are the two pieces a serving path can apply itself):
+
+- ``topk-random``: each query's indexer selection is replaced by ``index_topk`` keys drawn uniformly (seeded) from the
+  keys it may see — sparse attention still runs, on the wrong tokens;
+- ``indexer-rope-flip``: the indexer's RoPE pair layout is flipped (half-split ↔ interleaved, the DeepSeek-V3.2 /
+  GLM-5 difference), so the indexer scores positions wrongly while the MLA attention stays correct.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from dsa_route.dsa import DsaForCausalLM
+from dsa_route.dsa import attention as dsa_attention
+from dsa_route.dsa.indexer import Indexer
+from dsa_route.dsa.topk import topk_indices
+
+from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
+from .task import generate
+
+INJECTIONS = ("topk-random", "indexer-rope-flip")
+
+
+def random_topk_indices(logits: torch.Tensor, topk: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``topk-random``: same contract as :func:`dsa_route.dsa.topk.topk_indices` (``int32 [S, topk]``, ``-1``
+    padded), but the ``topk`` keys of each row are drawn uniformly from its visible (finite-logit) keys."""
+    noise = torch.rand(logits.shape, generator=generator).to(logits.device)
+    return topk_indices(noise.masked_fill(~torch.isfinite(logits), float("-inf")), topk)
+
+
+def flip_indexer_rope_(model: torch.nn.Module) -> None:
+    """``indexer-rope-flip``, in place: every lightning indexer of ``model`` switches its RoPE pair layout
+    (half-split ↔ interleaved); calling it twice restores the model."""
+    for module in model.modules():
+        if isinstance(module, Indexer):
+            module.interleaved_rope = not module.interleaved_rope
+
+
+@contextlib.contextmanager
+def injected(model: DsaForCausalLM, kind: str, seed: int = 0) -> Iterator[None]:
+    """Apply defect ``kind`` (:data:`INJECTIONS`) to ``model``'s reference forward inside the block; restored on exit.
+    ``topk-random`` replaces ``topk_indices`` where the reference attention calls it (seeded by ``seed``).
+    Raises ValueError for an unknown kind."""
+    if kind not in INJECTIONS:
+        raise ValueError(f"inject: expected one of {INJECTIONS}, got {kind!r}")
+    if kind == "indexer-rope-flip":
+        flip_indexer_rope_(model)
+        try:
+            yield
+        finally:
+            flip_indexer_rope_(model)
+        return
+    gen = torch.Generator().manual_seed(seed)
+    saved = dsa_attention.topk_indices
+    dsa_attention.topk_indices = lambda logits, topk: random_topk_indices(logits, topk, gen)
+    try:
+        yield
+    finally:
+        dsa_attention.topk_indices = saved
+
+
+def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
+        mtp_n: int = 0) -> dict:
+    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity}}`` over ``n``
+    test problems (MTP acceptance of the correct path on the first ``mtp_n``)."""
+    problems = generate(n, seed)
+    base = evaluate(model, tok, problems, mtp_n=mtp_n)
+    report: dict = {"n": n, "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
+                                        "mtp_n": base.mtp_n}}
+    for kind in kinds:
+        with injected(model, kind):
+            res = evaluate(model, tok, problems)
+        same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
+        report[kind] = {"accuracy": res.accuracy, "parity": same,
+                        "drop_points": {f: round(100 * (base.accuracy[f] - res.accuracy[f]), 1) for f in res.accuracy}}
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli_parser("python -m dsa_route.tiny.arith.sensitivity", __doc__)
+    ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
+    args = ap.parse_args(argv)
+    loaded = cli_load(ap, args)
+    if loaded is None:
+        return 2
+    model, tok = loaded
+    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n)
+    for kind in ("correct", *(args.inject or INJECTIONS)):
+        r = report[kind]
+        acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
+        extra = "" if kind == "correct" else (f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %")
+        print(f"{kind:18s} {acc}{extra}")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
