@@ -194,7 +194,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from harness.run import procs
-    from harness.run.runner import Runner, RunOptions, new_run_dir
+    from harness.run.runner import Runner, RunOptions
+    from harness.run.start import new_run_dir
 
     from harness.run import accuracy
 
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.gate import PolicyError
     from harness.run.plan import PlanError
     from harness.rundir.store import RunDirError
-    from harness.run.runner import RunError
+    from harness.run.start import RunError
 
     args = build_parser().parse_args(argv)
     try:

@@ -240,12 +240,14 @@ def test_summary_pairs_the_arms_with_exact_mcnemar(fake_run):
 
 def test_the_report_shows_the_verdicts_gsm8k_interval_only():
     from harness.render.sections import gsm8k_section
+    from harness.rundir.schema import AccuracySummary
 
     summary = {"status": "done", "arms": {}, "paired": [
         {"filter": "strict-match", "difference_pts": -1.0}, {"filter": "flexible-extract", "difference_pts": -0.5}]}
     verdict = {"policy_fields": {"gsm8k_filter": "flexible-extract"}, "cells": [
         {"metric": "output_throughput", "ci_low_pts": 9.0},
         {"metric": "gsm8k_accuracy", "ci_low_pts": -2.5, "ci_high_pts": 1.5, "ci_level": 0.975}]}
+    summary = AccuracySummary.model_validate(summary)
     strict, flexible = gsm8k_section(summary, False, verdict)["paired"]
     assert (flexible["ci_low_pts"], flexible["ci_high_pts"], flexible["ci_level"]) == (-2.5, 1.5, 0.975)
     assert strict["ci_low_pts"] is None and strict["ci_high_pts"] is None

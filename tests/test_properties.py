@@ -157,3 +157,21 @@ def test_random_bytes_as_a_file_never_crash_report_or_gate(run_copy, capsys, dat
     if code == 2:
         err = capsys.readouterr().err
         assert _one_line_error(err) and "levels.csv" in err
+
+
+@FAST
+@given(flag=st.sampled_from(["--concurrency", "--num-prompts", "--input-len", "--output-len", "--repeats", "--tp",
+                             "--mtp", "--gsm8k-limit"]),
+       text=st.text(max_size=12))
+def test_bad_cli_values_are_one_line_exit_2(capsys, flag, text):
+    import re
+
+    from hypothesis import assume
+
+    assume(not re.fullmatch(r"\s*\+?\d+\s*(,\s*\+?\d+\s*)*", text))     # every valid value is digits (and commas)
+    try:
+        code = main(["plan", flag, text])
+    except SystemExit as exit_:            # argparse's usage error
+        code = exit_.code
+    assert code == 2
+    assert _one_line_error(capsys.readouterr().err)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from harness.render.metrics_table import ARMS, summarize
 from harness.render.text import show
 from harness.rundir import store as records
-from harness.rundir.schema import MTP_COLUMNS, Manifest
+from harness.rundir.schema import MTP_COLUMNS, AccuracySummary, Manifest
 from harness.rundir.store import RunDir
 
 
@@ -36,45 +36,40 @@ def _pct(value: Any) -> float | None:
     return None if number is None else 100.0 * number
 
 
-def gsm8k_section(summary: Any, gpu: bool, verdict: Any = None) -> dict[str, Any] | str | None:
+def gsm8k_section(summary: AccuracySummary | None, gpu: bool, verdict: Any = None) -> dict[str, Any] | str | None:
     """The ``gsm8k`` section from ``accuracy/summary.json`` (see harness.run.accuracy.summarize): per arm and filter
     accuracy ± stderr in %, the paired rows, why an arm is missing, and the upstream reference on GPU scenarios.
     A skipped run gives its reason (a string: "not measured: <reason>").
 
     The paired row of the gated filter carries the verdict's interval (``verdict.json``'s GSM8K cell: Agresti–Min at
     the level Holm's procedure tested it); the page shows no second interval for the same comparison."""
-    if not isinstance(summary, Mapping):
+    if summary is None:
         return None
-    if summary.get("status") == "skipped":
-        return show(summary.get("reason") or "GSM8K skipped")
+    if summary.status == "skipped":
+        return show(summary.reason or "GSM8K skipped")
     rows, notes = [], []
     for arm in ARMS:
-        info = (summary.get("arms") or {}).get(arm)
-        if not isinstance(info, Mapping):
+        info = summary.arms.get(arm)
+        if info is None:
             continue
-        filters = info.get("filters") if isinstance(info.get("filters"), Mapping) else {}
-        if info.get("status") != "done" or not filters:
-            notes.append(f"{arm}: {show(info.get('status'))}")
+        if info.status != "done" or not info.filters:
+            notes.append(f"{arm}: {show(info.status)}")
             continue
-        for name in [f for f in GSM8K_FILTERS if f in filters] + [f for f in filters if f not in GSM8K_FILTERS]:
-            values = filters[name] if isinstance(filters[name], Mapping) else {}
-            rows.append({"arm": arm, "filter": name, "accuracy_pct": _pct(values.get("accuracy")),
-                         "stderr_pct": _pct(values.get("stderr")), "n": values.get("n")})
+        names = [f for f in GSM8K_FILTERS if f in info.filters] + [f for f in info.filters if f not in GSM8K_FILTERS]
+        rows += [{"arm": arm, "filter": name, "accuracy_pct": _pct(info.filters[name].accuracy),
+                  "stderr_pct": _pct(info.filters[name].stderr), "n": info.filters[name].n} for name in names]
     gated, cell = _verdict_gsm8k(verdict)
     paired = []
-    for row in summary.get("paired") or []:
-        if isinstance(row, Mapping):
-            own = cell if row.get("filter") == gated else {}
-            paired.append({**row, "ci_low_pts": own.get("ci_low_pts"), "ci_high_pts": own.get("ci_high_pts"),
-                           "ci_level": own.get("ci_level")})
-    first = next((info for info in (summary.get("arms") or {}).values()
-                  if isinstance(info, Mapping) and info.get("status") == "done"), {})
+    for row in summary.paired:
+        own = cell if row.filter == gated else {}
+        paired.append({**row.model_dump(mode="json"), "ci_low_pts": own.get("ci_low_pts"),
+                       "ci_high_pts": own.get("ci_high_pts"), "ci_level": own.get("ci_level")})
+    first = next((info for info in summary.arms.values() if info.status == "done"), None)
     setup = ""
-    if first:
-        limit = first.get("limit")
-        setup = (f"lm-eval task {show(first.get('task'))}, {show(first.get('num_fewshot'))}-shot, "
-                 f"{'full test set' if limit in (None, '') else f'first {limit} questions'}, data: "
-                 f"{show(first.get('source'))}")
+    if first is not None:
+        setup = (f"lm-eval task {show(first.task)}, {show(first.num_fewshot)}-shot, "
+                 f"{'full test set' if first.limit is None else f'first {first.limit} questions'}, data: "
+                 f"{show(first.source)}")
     return {"arms": rows, "paired": paired, "notes": notes, "setup": setup,
             "reference": GSM8K_REFERENCE if gpu else None, "reference_pct": GSM8K_REFERENCE_PCT if gpu else None}
 
@@ -203,7 +198,7 @@ def load_sections(store: RunDir, manifest: Manifest, levels, verdict: Any = None
     gpu = _is_gpu_scenario(manifest)
     gsm8k, parity = store.accuracy_summary(), store.parity_summary()
     return {
-        "gsm8k": gsm8k_section(gsm8k.model_dump(mode="json") if gsm8k is not None else None, gpu, verdict),
+        "gsm8k": gsm8k_section(gsm8k, gpu, verdict),
         "parity": parity_section(parity.model_dump(mode="json") if parity is not None else None),
         "mtp": mtp_section(levels, manifest),
     }

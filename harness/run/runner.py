@@ -6,7 +6,6 @@ failed or skipped, so a crash or Ctrl-C leaves a readable run directory.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import time
 from dataclasses import dataclass
@@ -23,21 +22,14 @@ from harness.run import accuracy, attest, machine as machine_mod, parity, procs,
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
-from harness.rundir import store as rundir_store
 from harness.rundir.store import RunDir
 from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan
+from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
 from harness.run.scenario import REPO_ROOT
 from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
-
-# Never written to the run directory or logs: any variable whose name contains one of these.
-SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
-
-
-class RunError(RuntimeError):
-    """The run could not start (bad output dir, …); ``str(error)`` is one line for the user (exit code 2)."""
 
 
 @dataclass
@@ -47,67 +39,6 @@ class RunOptions:
     continue_on_error: bool = False
     base_urls: dict[str, str] | None = None
     gsm8k: accuracy.GsmData | None = None   # where GSM8K comes from; None or source "skip" → not run
-
-
-def _load_avg() -> str:
-    """The host's 1/5/15-minute load averages (runnable processes; compare with ``cpu_count``): noise context."""
-    try:
-        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unavailable"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with values of secret-looking variables (API keys, tokens) replaced by ``<redacted>``."""
-    return {k: ("<redacted>" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
-
-
-def _redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
-    """The resolved scenario for the manifest with secret-looking env values (in ``serve.env`` and each arm's
-    ``env``) replaced, so a key written into a scenario file never reaches the run dir or the report."""
-    scenario["serve"]["env"] = redact_env(scenario["serve"]["env"])
-    for arm in scenario["arms"].values():
-        arm["env"] = redact_env(arm["env"])
-    return scenario
-
-
-def schedule(plan: Plan) -> list[tuple[str, int, int]]:
-    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`.
-
-    Sequential servers: ABBA blocks over rounds (r0: A then B; r1: B then A; …), each block all levels of one arm
-    (one server session per block). Concurrent servers: the arms stay up (one session each) and alternate per level
-    in ABBA order, so drift hits both arms alike.
-    """
-    names = [arm.name for arm in plan.arms]
-    levels = plan.levels()
-    if plan.scenario.serve.concurrent_servers:
-        return [(name, key.concurrency, key.round) for step, key in enumerate(levels)
-                for name in (names if step % 2 == 0 else names[::-1])]
-    rounds = sorted({key.round for key in levels})
-    return [(name, key.concurrency, key.round) for round_ in rounds
-            for name in (names if round_ % 2 == 0 else names[::-1]) for key in levels if key.round == round_]
-
-
-def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
-    """Create ``out_dir/<UTC timestamp>-<scenario>`` and prove it is writable.
-
-    Raises:
-        RunError: the directory cannot be created or written (nothing has been started).
-    """
-    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{scenario_name}"
-    run_dir = out_dir / run_id
-    try:
-        run_dir.mkdir(parents=True, exist_ok=False)
-        rundir_store.atomic_write_text(run_dir / ".write-test", "ok")
-        (run_dir / ".write-test").unlink()
-    except OSError as error:
-        raise RunError(f"cannot write results to {run_dir} ({error.strerror or error}); "
-                       f"pass a writable directory with --out") from None
-    return run_dir
 
 
 class Runner:
@@ -140,7 +71,7 @@ class Runner:
                 elif level.get("status") != "done":
                     entry["levels"][key] = {"status": "pending", "previous": level.get("status")}
         self.store.keep_levels(done)
-        manifest["resumed_at"].append(_now())
+        manifest["resumed_at"].append(now())
         manifest["status"] = "running"
         return manifest
 
@@ -162,10 +93,10 @@ class Runner:
             })
         return {
             "schema_version": schema.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
-            "started_at": _now(), "ended_at": None, "scenario_name": plan.scenario.name,
+            "started_at": now(), "ended_at": None, "scenario_name": plan.scenario.name,
             "scenario_file": plan.scenario_file,
-            "scenario": _redacted_scenario(plan.scenario.model_dump(mode="json")),
-            "platform": {**plan.machine.to_dict(), "load_avg_at_start": _load_avg()},
+            "scenario": redacted_scenario(plan.scenario.model_dump(mode="json")),
+            "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
             "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(),
@@ -179,7 +110,7 @@ class Runner:
 
     def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str) -> None:
         """Record a server session of the arm ``entry``: the levels measured from now on belong to it."""
-        entry["sessions"].append({"index": len(entry["sessions"]), "started_at": _now(),
+        entry["sessions"].append({"index": len(entry["sessions"]), "started_at": now(),
                                   "server_start_s": round(ready_s, 2), "base_url": base_url})
         entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
 
@@ -382,7 +313,7 @@ class Runner:
                         elif not self.options.continue_on_error:
                             self.dead_arms[name] = "an earlier level failed (use --continue-on-error to go on)"
                     entry["wall_s"] = round(time.monotonic() - level_started, 2)
-                    entry["finished_at"] = _now()
+                    entry["finished_at"] = now()
                     entry["raw"] = f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}"
                     self._save()
                     if index == last_of[name] and server.alive():
@@ -411,8 +342,8 @@ class Runner:
                     if level["status"] == "pending":
                         level["status"] = "skipped: run stopped before this level"
             self.manifest["status"] = status
-            self.manifest["ended_at"] = _now()
-            self.manifest["platform"]["load_avg_at_end"] = _load_avg()
+            self.manifest["ended_at"] = now()
+            self.manifest["platform"]["load_avg_at_end"] = load_avg()
             self._save()
         return self.manifest
 

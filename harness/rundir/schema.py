@@ -32,6 +32,9 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
+                                      VerdictCell, VerdictDocument)
+
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 """Manifest versions this code reads (1 through :func:`harness.rundir.store.upgrade_v1`)."""
@@ -332,77 +335,12 @@ REQUIRED_REQUEST_COLUMNS: tuple[str, ...] = ("arm", "round", "concurrency", "out
 REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct")
 
 
-# --------------------------------------------------------------------------------------------- summaries, verdict
-
-
-class _Open(BaseModel):
-    """A summary document: the named fields typed, further keys kept as written (the producer owns their shape)."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-
-
-class AccuracySummary(_Open):
-    """``accuracy/summary.json``: ``status`` "done" | "skipped"; per-arm scores (``arms``), paired rows per filter
-    (``paired``: difference in points, discordant counts, McNemar p); ``reason`` when skipped."""
-
-    status: str
-    reason: str | None = None
-    arms: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    paired: tuple[dict[str, Any], ...] = ()
-
-
-class ParitySummary(_Open):
-    """``parity.json``: greedy-output comparison of the arms (exact-match rate, first divergences, near ties)."""
-
-    exact_match_rate_pct: float | None = None
-    prompts_total: int | None = None
-
-
-class VerdictCell(_Open):
-    """One cell of ``verdict.json``: a metric at a level (``concurrency`` None for GSM8K), both arms' figures, Δ
-    (``delta_unit`` "%" or "pt") with its interval at ``ci_level``, the margin, ``result`` (None for diagnostics)."""
-
-    metric: str
-    label: str
-    unit: str = ""
-    concurrency: int | None = None
-    primary: bool = True
-    result: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"] | None = None
-    higher_is_better: bool = True
-    baseline: float | None = None
-    candidate: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    delta_unit: str = "%"
-    ci_level: float | None = None
-    margin: float = 0.0
-    repeats: int | None = None
-    note: str = ""
-    mcnemar: dict[str, Any] | None = None
-    accuracy: dict[str, Any] | None = None
-
-    @property
-    def where(self) -> str:
-        """``"c=<concurrency>"``, or ``"GSM8K"``."""
-        return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
-
-
-class VerdictDocument(_Open):
-    """``verdict.json`` (its own ``schema_version`` 1; fields documented in :mod:`harness.gate`)."""
-
-    schema_version: int = 1
-    kind: Literal["dsa-bench.verdict"] = "dsa-bench.verdict"
-    run_id: str
-    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"]
-    exit_code: int
-    reason: str
-    policy: str = ""
-    policy_source: str = ""
-    policy_fields: dict[str, Any] = Field(default_factory=dict)
-    arms: dict[str, str] = Field(default_factory=lambda: {"baseline": "baseline", "candidate": "candidate"})
-    cells: tuple[VerdictCell, ...] = ()
-    diagnostics: tuple[VerdictCell, ...] = ()
-    validity: dict[str, Any] = Field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-    evaluated: bool = True                      # False: the data could not be read (no figures)
+__all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
+    "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
+    "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
+    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "Injection", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR",
+    "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest", "PARITY", "PARITY_DIR",
+    "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
+    "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
+    "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
+]

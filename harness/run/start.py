@@ -1,0 +1,81 @@
+"""What a run starts from: its new run directory, the order of its levels (:func:`schedule`) and what of the
+environment may be written down (secrets redacted), plus the clock and load readings the manifest records."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.rundir import store as rundir_store
+from harness.run.plan import Plan
+
+
+# Never written to the run directory or logs: any variable whose name contains one of these.
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+class RunError(RuntimeError):
+    """The run could not start (bad output dir, …); ``str(error)`` is one line for the user (exit code 2)."""
+
+
+def load_avg() -> str:
+    """The host's 1/5/15-minute load averages (runnable processes; compare with ``cpu_count``): noise context."""
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unavailable"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with values of secret-looking variables (API keys, tokens) replaced by ``<redacted>``."""
+    return {k: ("<redacted>" if any(m in k.upper() for m in SECRET_MARKERS) else v) for k, v in env.items()}
+
+
+def redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
+    """The resolved scenario for the manifest with secret-looking env values (in ``serve.env`` and each arm's
+    ``env``) replaced, so a key written into a scenario file never reaches the run dir or the report."""
+    scenario["serve"]["env"] = redact_env(scenario["serve"]["env"])
+    for arm in scenario["arms"].values():
+        arm["env"] = redact_env(arm["env"])
+    return scenario
+
+
+def schedule(plan: Plan) -> list[tuple[str, int, int]]:
+    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`.
+
+    Sequential servers: ABBA blocks over rounds (r0: A then B; r1: B then A; …), each block all levels of one arm
+    (one server session per block). Concurrent servers: the arms stay up (one session each) and alternate per level
+    in ABBA order, so drift hits both arms alike.
+    """
+    names = [arm.name for arm in plan.arms]
+    levels = plan.levels()
+    if plan.scenario.serve.concurrent_servers:
+        return [(name, key.concurrency, key.round) for step, key in enumerate(levels)
+                for name in (names if step % 2 == 0 else names[::-1])]
+    rounds = sorted({key.round for key in levels})
+    return [(name, key.concurrency, key.round) for round_ in rounds
+            for name in (names if round_ % 2 == 0 else names[::-1]) for key in levels if key.round == round_]
+
+
+def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
+    """Create ``out_dir/<UTC timestamp>-<scenario>`` and prove it is writable.
+
+    Raises:
+        RunError: the directory cannot be created or written (nothing has been started).
+    """
+    run_id = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S") + f"-{scenario_name}"
+    run_dir = out_dir / run_id
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+        rundir_store.atomic_write_text(run_dir / ".write-test", "ok")
+        (run_dir / ".write-test").unlink()
+    except OSError as error:
+        raise RunError(f"cannot write results to {run_dir} ({error.strerror or error}); "
+                       f"pass a writable directory with --out") from None
+    return run_dir

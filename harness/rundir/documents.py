@@ -1,0 +1,113 @@
+"""The JSON documents of a run directory beside the manifest: GSM8K and parity summaries and ``verdict.json``. Typed
+where readers rely on a field, open to the rest (the producer owns its full shape). Re-exported by
+:mod:`harness.rundir.schema`, which names their files."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    """A summary document: the named fields typed, further keys kept as written (the producer owns their shape)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class AccuracyFilter(_Open):
+    """One lm-eval filter's score of an arm: accuracy (0..1), lm-eval's ``mean_stderr``, questions."""
+
+    accuracy: float | None = None
+    stderr: float | None = None
+    n: int | None = None
+
+
+class AccuracyArm(_Open):
+    """``accuracy/<arm>/arm.json`` (and its copy in the summary): ``status`` "done", "failed: <why>" or "not run"."""
+
+    arm: str = ""
+    status: str = "not run"
+    task: str | None = None
+    source: str | None = None
+    num_fewshot: int | None = None
+    limit: int | None = None
+    filters: dict[str, AccuracyFilter] = Field(default_factory=dict)
+
+
+class AccuracyPair(_Open):
+    """The paired comparison of one filter: candidate − baseline in points, discordant counts, exact McNemar p."""
+
+    filter: str
+    n: int | None = None
+    difference_pts: float | None = None
+    baseline_only: int | None = None
+    candidate_only: int | None = None
+    p_value: float | None = None
+
+
+class AccuracySummary(_Open):
+    """``accuracy/summary.json``: ``status`` "done" | "partial" | "failed" | "skipped"; per-arm scores (``arms``),
+    paired rows per filter (``paired``); ``reason`` when an arm or the whole GSM8K step did not run."""
+
+    status: str
+    reason: str | None = None
+    arms: dict[str, AccuracyArm] = Field(default_factory=dict)
+    paired: tuple[AccuracyPair, ...] = ()
+
+
+class ParitySummary(_Open):
+    """``parity.json``: greedy-output comparison of the arms (exact-match rate, first divergences, near ties)."""
+
+    exact_match_rate_pct: float | None = None
+    prompts_total: int | None = None
+
+
+class VerdictCell(_Open):
+    """One cell of ``verdict.json``: a metric at a level (``concurrency`` None for GSM8K), both arms' figures, Δ
+    (``delta_unit`` "%" or "pt") with its interval at ``ci_level``, the margin, ``result`` (None for diagnostics)."""
+
+    metric: str
+    label: str
+    unit: str = ""
+    concurrency: int | None = None
+    primary: bool = True
+    result: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"] | None = None
+    higher_is_better: bool = True
+    baseline: float | None = None
+    candidate: float | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    delta_unit: str = "%"
+    ci_level: float | None = None
+    margin: float = 0.0
+    repeats: int | None = None
+    note: str = ""
+    mcnemar: dict[str, Any] | None = None
+    accuracy: dict[str, Any] | None = None
+
+    @property
+    def where(self) -> str:
+        """``"c=<concurrency>"``, or ``"GSM8K"``."""
+        return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
+
+
+class VerdictDocument(_Open):
+    """``verdict.json`` (its own ``schema_version`` 1; fields documented in :mod:`harness.gate`)."""
+
+    schema_version: int = 1
+    kind: Literal["dsa-bench.verdict"] = "dsa-bench.verdict"
+    run_id: str
+    overall: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"]
+    exit_code: int
+    reason: str
+    policy: str = ""
+    policy_source: str = ""
+    policy_fields: dict[str, Any] = Field(default_factory=dict)
+    arms: dict[str, str] = Field(default_factory=lambda: {"baseline": "baseline", "candidate": "candidate"})
+    cells: tuple[VerdictCell, ...] = ()
+    diagnostics: tuple[VerdictCell, ...] = ()
+    validity: dict[str, Any] = Field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    evaluated: bool = True                      # False: the data could not be read (no figures)
