@@ -48,17 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
-from dsa_route.routing import (
-    DSA_ARCHITECTURES,
-    ENV_BREAKABLE,
-    ENV_MRV2,
-    ENV_ROUTE,
-    PLATFORMS,
-    ROUTES,
-    decide,
-    platform_limits,
-    serve_overrides,
-)
+from dsa_route.routing import DSA_ARCHITECTURES, ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, PLATFORMS, ROUTES, decide
+from dsa_route.serve_path import platform_limits, serve_overrides
 
 LINE_PREFIX = "dsa_route:"
 ROUTE_CHOICES = (*ROUTES, "off")

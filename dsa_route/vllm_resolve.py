@@ -152,7 +152,7 @@ def intended_path(intended: Mapping, decision: Mapping, platform: str) -> dict:
     """The fields :func:`path_mismatches` compares, from a plan arm.
 
     Args:
-        intended: ``routing.expected_observation(...)`` (``ArmPlan.intended``): runner, modes, breakable.
+        intended: ``serve_path.expected_observation(...)`` (``ArmPlan.intended``): runner, modes, breakable.
         decision: ``RouteDecision.to_dict()`` (``ArmPlan.decision``): implementation and MTP draft.
         platform: the arm's platform (the implementation is resolved through the platform package there).
     """

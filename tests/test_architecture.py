@@ -24,7 +24,8 @@ def test_the_contracts_hold():
 
 @pytest.mark.parametrize("module,line,contract", [
     ("dsa_route/routing.py", "import harness.rundir.schema", "dsa_route never imports the harness"),
-    ("dsa_route/routing.py", "import torch", "the routing decision is pure"),
+    ("dsa_route/routing.py", "import torch", "the routing decision and its platform translation are pure"),
+    ("dsa_route/serve_path.py", "import vllm", "the routing decision and its platform translation are pure"),
     ("dsa_route/dsa/rope.py", "import vllm", "the PyTorch DSA reference never imports vLLM"),
     ("harness/run/server.py", "import dsa_route.plugin", "the harness never imports the vLLM plugin"),
     ("harness/judge/stats.py", "import harness.run.server", "judging, rendering and the gate never import running"),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dsa_route.routing import decide, expected_observation
+from dsa_route.routing import decide
+from dsa_route.serve_path import expected_observation
 from harness.run.attest import attest, compare_paths, not_observed, observe_from_log, parse_dsa_route_line
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from dsa_route import routing  # noqa: E402
+from dsa_route import routing, serve_path  # noqa: E402
 
 MODEL_TYPES = {"DeepseekV32ForCausalLM": "deepseek_v32", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
                "DeepseekV3ForCausalLM": "deepseek_v3", "LlamaForCausalLM": "llama",
@@ -39,7 +39,7 @@ def disagreements(decision: routing.RouteDecision, choice: dict, env: dict) -> l
     out = [f"{name}: decide {getattr(decision, name)!r}, vLLM {choice[name]!r}"
            for name in ("model_runner", "breakable_cudagraph", "compilation_mode")
            if getattr(decision, name) != choice[name]]
-    graphs = routing.expected_observation(decision)["cudagraph_mode"]
+    graphs = serve_path.expected_observation(decision)["cudagraph_mode"]
     if graphs != choice["cudagraph_mode"]:
         out.append(f"cudagraph_mode: decide {graphs}, vLLM {choice['cudagraph_mode']}")
     if decision.platform in IMPLEMENTATION_COMPARED_ON:
@@ -47,7 +47,7 @@ def disagreements(decision: routing.RouteDecision, choice: dict, env: dict) -> l
                 for arch, target in decision.implementation.items() if choice["registered"].get(arch) != target]
     if decision.mtp_architecture != choice["mtp_architecture"] and decision.is_dsa:
         out.append(f"mtp_architecture: decide {decision.mtp_architecture}, vLLM {choice['mtp_architecture']}")
-    refusals = routing.startup_refusals(env, decision.platform)
+    refusals = serve_path.startup_refusals(env, decision.platform)
     if bool(refusals) != bool(choice["refusal"]):
         out.append(f"refusal: decide {refusals}, vLLM {choice['refusal']!r}")
     return out
@@ -78,7 +78,7 @@ def test_mrv2_on_cpu_without_triton_is_a_refusal_the_plan_can_report(vd):
     env = {"VLLM_USE_V2_MODEL_RUNNER": "1"}
     choice = vd.vllm_choice(["DeepseekV32ForCausalLM"], "cpu", env=env, has_triton=False)
     assert choice["refusal"] == "Model Runner V2 requires Triton."
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in routing.startup_refusals(env, "cpu")[0]
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in serve_path.startup_refusals(env, "cpu")[0]
 
 
 def test_auto_given_the_installed_choice_follows_it(vd):

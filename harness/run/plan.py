@@ -1,7 +1,7 @@
 """Scenario × machine × model location → the exact commands of a run. Pure: no files written, no processes.
 
 Each arm's server flags and environment come from one place: ``dsa_route.routing.decide`` for the arm's route,
-turned into vLLM flags by ``dsa_route.routing.serve_overrides`` for the platform. ``dsa-bench plan`` prints this.
+turned into vLLM flags by ``dsa_route.serve_path.serve_overrides`` for the platform. ``dsa-bench plan`` prints this.
 Where the model is (and generating a tiny one on first use) is :func:`harness.run.models.locate`'s job; what machine
 this is, :func:`harness.run.machine.detect`'s.
 """
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from dsa_route import routing
+from dsa_route import routing, serve_path
 from harness.rundir.schema import LevelKey
 from harness.run.scenario import Scenario, resolve_path
 
@@ -226,14 +226,14 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
             kv_cache_dtype=scenario.serve.kv_cache_dtype, route=spec.route, has_triton=machine.has_triton,
             vllm_choice=choice,
         )
-        route_args, route_env, unavailable = routing.serve_overrides(
+        route_args, route_env, unavailable = serve_path.serve_overrides(
             decision, machine.name, has_triton=machine.has_triton, num_speculative_tokens=mtp_tokens)
         env = {**scenario.serve.env, **route_env, **spec.env}
-        refusals = routing.startup_refusals(env, machine.name, machine.has_triton)
+        refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision.to_dict(),
             unavailable=tuple(unavailable),
-            intended=routing.expected_observation(decision, machine.name, has_triton=machine.has_triton),
+            intended=serve_path.expected_observation(decision, machine.name, has_triton=machine.has_triton),
             server_args=tuple(common + list(route_args) + list(scenario.serve.extra_args) + list(spec.extra_args)),
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
             refusals=tuple(refusals),
