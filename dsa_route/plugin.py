@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
-from dsa_route.routing import DSA_ARCHITECTURES, ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, PLATFORMS, ROUTES, decide
+from dsa_route.route_constants import DSA_ARCHITECTURES, ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, PLATFORMS, ROUTES
+from dsa_route.routing import decide
 from dsa_route.serve_path import platform_limits, serve_overrides
 
 LINE_PREFIX = "dsa_route:"

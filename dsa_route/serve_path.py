@@ -12,12 +12,8 @@ from __future__ import annotations
 import json
 from typing import Mapping, NamedTuple
 
+from dsa_route.route_constants import ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, GRAPH_MODE_WITH_GRAPHS, PLATFORMS
 from dsa_route.routing import (
-    ENV_BREAKABLE,
-    ENV_MRV2,
-    ENV_ROUTE,
-    GRAPH_MODE_WITH_GRAPHS,
-    PLATFORMS,
     RouteDecision,
     default_has_triton,
     env_flag,
