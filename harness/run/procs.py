@@ -88,3 +88,21 @@ def cleanup_on_exit() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     atexit.register(stop_all)
 
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory (bytes) of process ``pid`` and all its descendants now (psutil); 0 when it is gone.
+    Processes that exit while being read are skipped."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for member in members:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:
+            continue
+    return total

@@ -29,6 +29,7 @@ from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan
 from harness.run.scenario import REPO_ROOT
+from harness.run.startup import startup_from_log
 from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
 
@@ -177,10 +178,11 @@ class Runner:
     def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
         return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
 
-    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str) -> None:
+    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str,
+                     startup: dict[str, float | None] | None = None) -> None:
         """Record a server session of the arm ``entry``: the levels measured from now on belong to it."""
         entry["sessions"].append({"index": len(entry["sessions"]), "started_at": _now(),
-                                  "server_start_s": round(ready_s, 2), "base_url": base_url})
+                                  "server_start_s": round(ready_s, 2), "base_url": base_url, "startup": startup})
         entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
 
     def _session(self, arm: str) -> int | None:
@@ -200,7 +202,9 @@ class Runner:
         ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
-        self._new_session(entry, ready_s, server.base_url)
+        measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
+                    "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None}
+        self._new_session(entry, ready_s, server.base_url, measured)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
         mismatches = attest.compare_paths(arm.intended, observed)
         entry["observed"] = observed

@@ -130,13 +130,34 @@ class Injection(_Record):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class StartupRecord(_Record):
+    """A session's start-up, from the server's own log lines (harness.run.startup: seconds, GiB, tokens; None where
+    the line is absent) plus ``ready_s`` (spawn → first successful completion) and ``peak_rss_gib`` (largest resident
+    memory of the server's process tree, sampled about once a second while starting)."""
+
+    ready_s: float | None = None
+    api_server_s: float | None = None           # the API server's "Starting vLLM server" after the log's first line
+    model_init_s: float | None = None
+    weights_s: float | None = None
+    model_load_s: float | None = None
+    model_load_gib: float | None = None
+    compile_s: float | None = None
+    graph_capture_s: float | None = None
+    graph_memory_gib: float | None = None
+    engine_init_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: float | None = None
+    peak_rss_gib: float | None = None
+
+
 class SessionRecord(_Record):
-    """One server session of an arm: its index (0, 1, … per arm), start time and readiness."""
+    """One server session of an arm: its index (0, 1, … per arm), start time, readiness and start-up metrics."""
 
     index: int
     started_at: str | None = None
     server_start_s: float | None = None
     base_url: str | None = None
+    startup: StartupRecord | None = None
 
 
 class LevelRecord(_Record):
