@@ -252,6 +252,11 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
                      f"({'; '.join(sorted({u for arm in arms for u in arm.unavailable}))}). The arms therefore differ "
                      f"only in what the platform allows: "
                      + "; ".join(f"{arm.name} = {arm.intended.get('compilation_mode')}" for arm in arms) + ".")
+    if scenario.model.load_format == "dummy":
+        notes.append("Dummy weights (model.load_format = \"dummy\"): GSM8K accuracy and MTP acceptance are not "
+                     "applicable — random weights answer nothing and drafts are not accepted for a reason — so the "
+                     "gate never uses them; they are still measured and shown. Run accuracy on real weights "
+                     "(load_format = \"auto\" and the hub id).")
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
     per_arm = [{impl for arch, impl in arm.decision["implementation"].items()
                 if impl in cpu_classes and arch in arm.decision["architectures"]} for arm in arms]
