@@ -18,7 +18,7 @@ def test_cpu_logs_compiled_arm_spends_its_start_compiling_and_the_eager_arm_does
     assert eager["compile_s"] is None
     assert compiled["engine_init_s"] == 82.73 and eager["engine_init_s"] == 3.34
     assert compiled["kv_cache_tokens"] == eager["kv_cache_tokens"] == 233008
-    assert compiled["kv_cache_gib"] == 1.0 and compiled["model_init_s"] == pytest.approx(0.313071)
+    assert compiled["kv_cache_gib"] == 1.0 and compiled["model_init_s"] == pytest.approx(0.313071, abs=1e-3)
     assert compiled["api_server_s"] > eager["api_server_s"]
     assert compiled["graph_capture_s"] is None and compiled["weights_s"] is None   # no such lines on CPU
 
@@ -56,7 +56,7 @@ def test_lines_formatted_from_the_installed_vllm_strings_parse():
         fmt = _installed_format(relative, start)
         text.append(f"(Worker_TP0 pid={pid}) INFO 08-20 10:00:0{pid} [x.py:1] " + fmt % args)
     parsed = startup_from_log("\n".join(text))
-    assert parsed["model_load_s"] == pytest.approx(123.456789) and parsed["model_load_gib"] == 71.25
+    assert parsed["model_load_s"] == pytest.approx(123.456789, abs=1e-3) and parsed["model_load_gib"] == 71.25
     assert parsed["weights_s"] == 98.76 and parsed["kv_cache_gib"] == 40.5
     assert parsed["kv_cache_tokens"] == 1234567 and parsed["engine_init_s"] == 321.0
     assert parsed["compile_s"] == 58.1

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import requests
 
-from harness.run import accuracy, attest, machine as machine_mod, parity, procs, spec_decode
+from harness.run import accuracy, attest, builds, machine as machine_mod, parity, procs, spec_decode
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
@@ -159,6 +159,7 @@ class Runner:
                                                 self.run_dir / schema.RAW_DIR),
                 "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
                 "server_start_s": None, "base_url": None, "placement": None, "injection": None, "sessions": [],
+                "build": None if self.options.base_urls else builds.record(arm),
                 "levels": {str(key): {"status": "pending"} for key in plan.levels()},
             })
         return {
@@ -206,7 +207,7 @@ class Runner:
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None}
         self._new_session(entry, ready_s, server.base_url, measured)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
-        mismatches = attest.compare_paths(arm.intended, observed)
+        mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
         entry["observed"] = observed
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
@@ -419,6 +420,15 @@ class Runner:
             self.manifest["platform"]["load_avg_at_end"] = _load_avg()
             self._save()
         return self.manifest
+
+
+def _build_mismatch(build: dict[str, Any] | None, observed: dict[str, Any]) -> list[str]:
+    """The declared build's version against the one the server's log banner names ([] when either is unknown)."""
+    declared = builds.release((build or {}).get("version"))
+    seen = builds.release(observed.get("vllm_version"))
+    if declared and seen and declared != seen:
+        return [f"vllm version: the arm's build ({build.get('python')}) is {declared}, the server log says {seen}"]
+    return []
 
 
 def _successes(server: VllmServer | RemoteServer) -> float:

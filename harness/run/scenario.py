@@ -96,6 +96,12 @@ class ArmSpec(_Frozen):
     description: str = ""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    vllm: str | None = None   # this arm's vLLM build: a virtualenv's bin/vllm or bin/python (None: this environment's)
+
+    @field_validator("vllm")
+    @classmethod
+    def _expand(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).expanduser())
 
 
 class WorkloadSpec(_Frozen):

@@ -86,8 +86,8 @@ def startup_from_log(text: str) -> dict[str, float | None]:
             per_process["compile_s"][pid] += (when - warmup_start.pop(pid)).total_seconds()
         if _API_SERVER in line and when and first and api_server is None:
             api_server = (when - first).total_seconds()
-    result: dict[str, float | None] = {field: max(times.values()) if (times := per_process.get(field)) else None
-                                       for field in _PER_PROCESS_SECONDS}
+    result: dict[str, float | None] = {field: round(max(times.values()), 3) if (times := per_process.get(field))
+                                       else None for field in _PER_PROCESS_SECONDS}
     result.update({field: largest.get(field) for field in _LARGEST})
     result["api_server_s"] = api_server
     return result

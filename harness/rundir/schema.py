@@ -171,6 +171,22 @@ class LevelRecord(_Record):
     previous: str | None = None                 # the status before a --resume set it back to pending
 
 
+class BuildRecord(_Record):
+    """The vLLM build an arm's server ran (harness.run.builds): what was declared (None: the harness's own
+    environment), its interpreter, distribution and version, VCS commit (PEP 610), SHA-256 of its RECORD file, where
+    it is installed, whether the dsa_route plugin is visible to it, and ``error`` when it could not be read."""
+
+    declared: str | None = None
+    python: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+    commit: str | None = None
+    record_sha256: str | None = None
+    location: str | None = None
+    plugin: bool | None = None
+    error: str | None = None
+
+
 class ArmRecord(_Record):
     """One arm: what was decided (route, decision, intended path), how it was launched, and what was observed."""
 
@@ -190,6 +206,7 @@ class ArmRecord(_Record):
     placement: Placement | None = None
     injection: Injection | None = None
     sessions: tuple[SessionRecord, ...] = ()
+    build: BuildRecord | None = None            # the vLLM build this arm's server ran
     levels: dict[str, LevelRecord] = Field(default_factory=dict)   # str(LevelKey) → status
 
     def level_items(self) -> list[tuple[LevelKey, LevelRecord]]:
