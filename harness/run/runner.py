@@ -204,7 +204,8 @@ class Runner:
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
-                    "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None}
+                    "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
+                    "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
         self._new_session(entry, ready_s, server.base_url, measured)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
         mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)

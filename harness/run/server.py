@@ -90,6 +90,7 @@ class VllmServer(_Endpoint):
         self.proc: subprocess.Popen | None = None
         self.log_offset = 0           # bytes of the log before this session (sessions append to one log)
         self.peak_rss_bytes = 0       # largest resident memory of the server's process tree while starting
+        self.peak_gpu_bytes = 0       # largest GPU memory of the server's process tree while starting (nvidia-smi)
 
     def start(self, timeout_s: float) -> float:
         """Spawn the server and block until a real completion succeeds. Returns seconds to ready.
@@ -123,6 +124,7 @@ class VllmServer(_Endpoint):
             if code is not None:
                 raise ServerError(self._failure(f"server exited with code {code} before it was ready"))
             self.peak_rss_bytes = max(self.peak_rss_bytes, procs.tree_rss_bytes(self.proc.pid))
+            self.peak_gpu_bytes = max(self.peak_gpu_bytes, procs.tree_gpu_bytes(self.proc.pid))
             if self._healthy():
                 ok, last_error = self._first_completion()
                 if ok:

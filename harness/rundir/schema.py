@@ -133,7 +133,8 @@ class Injection(_Record):
 class StartupRecord(_Record):
     """A session's start-up, from the server's own log lines (harness.run.startup: seconds, GiB, tokens; None where
     the line is absent) plus ``ready_s`` (spawn → first successful completion) and ``peak_rss_gib`` (largest resident
-    memory of the server's process tree, sampled about once a second while starting)."""
+    memory of the server's process tree, sampled about once a second while starting; ``peak_gpu_gib`` likewise from
+    ``nvidia-smi``, None without it)."""
 
     ready_s: float | None = None
     api_server_s: float | None = None           # the API server's "Starting vLLM server" after the log's first line
@@ -148,6 +149,7 @@ class StartupRecord(_Record):
     kv_cache_gib: float | None = None
     kv_cache_tokens: float | None = None
     peak_rss_gib: float | None = None
+    peak_gpu_gib: float | None = None           # GPU memory of the server's processes (nvidia-smi), all GPUs summed
 
 
 class SessionRecord(_Record):
