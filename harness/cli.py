@@ -84,7 +84,7 @@ def default_scenario(machine_name: str, tp: int | None, quant: str | None) -> st
 def _build_plan(args: argparse.Namespace, *, to_run: bool):
     """Scenario + overrides → plan. ``to_run``: refuse (PlanError) what this machine cannot run; otherwise plan for
     the scenario's platform and return the refusal as a note."""
-    from harness.run import machine
+    from harness.run import builds, machine
     from harness.run.installed_vllm import auto_choice
     from harness.run.models import locate
     from harness.run.plan import PlanError, build_plan, check_machine, planning_machine
@@ -96,6 +96,7 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     if to_run:
         check_machine(scenario, host)
         plan = replace(build_plan(scenario, host, locate(scenario), auto_choice), scenario_file=source)
+        builds.require(plan.arms)
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
         if refusals:
             raise PlanError("; ".join(refusals))
@@ -176,7 +177,25 @@ def _resume_plan(args: argparse.Namespace):
                          f"directory — copy it somewhere writable and resume the copy") from None
     host = machine.detect()
     check_machine(stored, host)
-    return build_plan(stored, host, locate(stored)), run_dir, manifest
+    plan = build_plan(stored, host, locate(stored))
+    _same_builds(plan, manifest, run_dir)
+    return plan, run_dir, manifest
+
+
+def _same_builds(plan, manifest, run_dir: Path) -> None:
+    """Refuse (UsageError) a resume whose arms' vLLM builds changed since the run started (RECORD hash, version)."""
+    from harness.run import builds
+
+    builds.require(plan.arms)
+    for arm in plan.arms:
+        then = manifest.arm(arm.name).build if manifest.arm(arm.name) else None
+        if then is None or then.error:
+            continue
+        now = builds.record(arm)
+        if (now.get("version"), now.get("record_sha256")) != (then.version, then.record_sha256):
+            raise UsageError(f"cannot resume {run_dir}: arm {arm.name}'s vLLM build changed ({then.version} → "
+                             f"{now.get('version')}, RECORD {str(then.record_sha256)[:12]} → "
+                             f"{str(now.get('record_sha256'))[:12]}); start a new run")
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

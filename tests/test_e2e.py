@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from harness.rundir import schema
-from harness.rundir import store as records
 from harness.run.accuracy import DEFAULT_DATA_DIR
 from fakes.support import tagged_processes
 

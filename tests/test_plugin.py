@@ -292,3 +292,11 @@ def test_real_cpu_server_logs_the_route_and_attests(route, tmp_path):
     assert compare_paths(intended, observed) == []
     assert observed["model_runner"] is not None and observed["compilation_mode"] is not None
     assert observed["compiled"] is (True if route == "baseline" else None)
+
+
+def test_auto_on_cuda_without_triton_decides_model_runner_v1(tmp_path):
+    """The probe's has_triton reaches decide: vLLM 0.32 gives MRV2 only with Triton."""
+    with_triton, without = FakeVllm("cuda"), FakeVllm("cuda", has_triton=False)
+    argv = ["vllm", "serve", str(model_dir(tmp_path, GLM, "glm_moe_dsa"))]
+    assert fields(apply({}, argv, with_triton.probe)[0])["model_runner"] == "v2"
+    assert fields(apply({}, argv, without.probe)[0])["model_runner"] == "v1"

@@ -26,7 +26,6 @@ import pytest
 from fakes.support import REPO, SCENARIO, XSS, FakeServer, clean_environ, fake_env, fake_pids, leftovers
 from harness.run import procs
 from harness.rundir import schema
-from harness.rundir import store as records
 from harness.cli import main
 
 SECRET = "sk-dsa-security-test-fedcba9876543210"

@@ -69,10 +69,21 @@ class ArmPlan:
     served_model_name: str
     tokenizer: str
     refusals: tuple[str, ...] = ()        # why vLLM would refuse to start this arm's server (empty: it starts)
+    vllm: str | None = None               # the arm's own vLLM build (a venv's bin/vllm or bin/python); None: this one
+
+    def vllm_command(self) -> list[str]:
+        """How to invoke the arm's ``vllm`` CLI: the declared executable, a declared ``python`` running vLLM's CLI
+        module (``vllm.entrypoints.cli.main``, the ``vllm`` console script's target), or :func:`vllm_executable`."""
+        if self.vllm is None:
+            return [vllm_executable()]
+        if Path(self.vllm).name.startswith("python"):
+            return [self.vllm, "-m", "vllm.entrypoints.cli.main"]
+        return [self.vllm]
 
     def server_argv(self, port: int | str) -> list[str]:
         """``vllm serve`` argv for ``port``."""
-        return [vllm_executable(), "serve", self.model_path, "--host", "127.0.0.1", "--port", str(port), *self.server_args]
+        return [*self.vllm_command(), "serve", self.model_path, "--host", "127.0.0.1", "--port", str(port),
+                *self.server_args]
 
 
 @dataclass(frozen=True)
@@ -236,10 +247,11 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
             intended=serve_path.expected_observation(decision, machine.name, has_triton=machine.has_triton),
             server_args=tuple(common + list(route_args) + list(scenario.serve.extra_args) + list(spec.extra_args)),
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
-            refusals=tuple(refusals),
+            refusals=tuple(refusals), vllm=spec.vllm,
         ))
     baseline, candidate = arms
-    identical = baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env
+    identical = (baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env
+                 and baseline.vllm == candidate.vllm)
     if identical and not scenario.allow_identical_arms:
         raise PlanError(f"on {machine.name} both arms resolve to the same server command and environment; "
                         f"nothing would be compared — add arm-specific extra_args or run on another platform")
@@ -252,6 +264,11 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
                      f"({'; '.join(sorted({u for arm in arms for u in arm.unavailable}))}). The arms therefore differ "
                      f"only in what the platform allows: "
                      + "; ".join(f"{arm.name} = {arm.intended.get('compilation_mode')}" for arm in arms) + ".")
+    if scenario.model.load_format == "dummy":
+        notes.append("Dummy weights (model.load_format = \"dummy\"): GSM8K accuracy and MTP acceptance are not "
+                     "applicable — random weights answer nothing and drafts are not accepted for a reason — so the "
+                     "gate never uses them; they are still measured and shown. Run accuracy on real weights "
+                     "(load_format = \"auto\" and the hub id).")
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
     per_arm = [{impl for arch, impl in arm.decision["implementation"].items()
                 if impl in cpu_classes and arch in arm.decision["architectures"]} for arm in arms]

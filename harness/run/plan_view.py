@@ -13,7 +13,7 @@ from harness.run.plan import ArmPlan, Plan
 
 
 def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
-    lines = [f"", f"== arm {arm.name} (route={arm.route}) =="]
+    lines = ["", f"== arm {arm.name} (route={arm.route}) =="]
     if reasons:
         lines += [f"  reason: {reason}" for reason in arm.decision.get("reasons", [])]
     else:

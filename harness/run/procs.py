@@ -88,3 +88,56 @@ def cleanup_on_exit() -> None:
     signal.signal(signal.SIGTERM, _on_term)
     atexit.register(stop_all)
 
+
+def _tree(pid: int) -> list:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory (bytes) of process ``pid`` and all its descendants now (psutil); 0 when it is gone.
+    Processes that exit while being read are skipped."""
+    import psutil
+
+    total = 0
+    for member in _tree(pid):
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def gpu_mib_by_pid(csv_text: str) -> dict[int, float]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` output → {pid: MiB}
+    (a process on several GPUs is summed; unparsable lines are skipped)."""
+    used: dict[int, float] = {}
+    for line in csv_text.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                used[int(parts[0])] = used.get(int(parts[0]), 0.0) + float(parts[1])
+            except ValueError:
+                continue
+    return used
+
+
+def tree_gpu_bytes(pid: int) -> int:
+    """GPU memory (bytes) held by process ``pid`` and its descendants now, from ``nvidia-smi``; 0 without it."""
+    import shutil
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (subprocess.SubprocessError, OSError):
+        return 0
+    used = gpu_mib_by_pid(out)
+    return int(sum(used.get(member.pid, 0.0) for member in _tree(pid)) * 2**20)

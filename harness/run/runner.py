@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import requests
 
-from harness.run import accuracy, attest, machine as machine_mod, parity, procs, spec_decode
+from harness.run import accuracy, attest, builds, machine as machine_mod, parity, procs, spec_decode
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
@@ -28,6 +28,7 @@ from harness.run.load import LevelError, LoadClient, parse_bench_result, read_be
 from harness.run.plan import ArmPlan, Plan
 from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
 from harness.run.scenario import REPO_ROOT
+from harness.run.startup import startup_from_log
 from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
 
@@ -89,6 +90,7 @@ class Runner:
                                                 self.run_dir / schema.RAW_DIR),
                 "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
                 "server_start_s": None, "base_url": None, "placement": None, "injection": None, "sessions": [],
+                "build": None if self.options.base_urls else builds.record(arm),
                 "levels": {str(key): {"status": "pending"} for key in plan.levels()},
             })
         return {
@@ -108,10 +110,11 @@ class Runner:
     def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
         return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
 
-    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str) -> None:
+    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str,
+                     startup: dict[str, float | None] | None = None) -> None:
         """Record a server session of the arm ``entry``: the levels measured from now on belong to it."""
         entry["sessions"].append({"index": len(entry["sessions"]), "started_at": now(),
-                                  "server_start_s": round(ready_s, 2), "base_url": base_url})
+                                  "server_start_s": round(ready_s, 2), "base_url": base_url, "startup": startup})
         entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
 
     def _session(self, arm: str) -> int | None:
@@ -131,9 +134,12 @@ class Runner:
         ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
-        self._new_session(entry, ready_s, server.base_url)
+        measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
+                    "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
+                    "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
+        self._new_session(entry, ready_s, server.base_url, measured)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
-        mismatches = attest.compare_paths(arm.intended, observed)
+        mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
         entry["observed"] = observed
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
@@ -346,6 +352,15 @@ class Runner:
             self.manifest["platform"]["load_avg_at_end"] = load_avg()
             self._save()
         return self.manifest
+
+
+def _build_mismatch(build: dict[str, Any] | None, observed: dict[str, Any]) -> list[str]:
+    """The declared build's version against the one the server's log banner names ([] when either is unknown)."""
+    declared = builds.release((build or {}).get("version"))
+    seen = builds.release(observed.get("vllm_version"))
+    if declared and seen and declared != seen:
+        return [f"vllm version: the arm's build ({build.get('python')}) is {declared}, the server log says {seen}"]
+    return []
 
 
 def _successes(server: VllmServer | RemoteServer) -> float:

@@ -96,6 +96,12 @@ class ArmSpec(_Frozen):
     description: str = ""
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
+    vllm: str | None = None   # this arm's vLLM build: a virtualenv's bin/vllm or bin/python (None: this environment's)
+
+    @field_validator("vllm")
+    @classmethod
+    def _expand(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).expanduser())
 
 
 class WorkloadSpec(_Frozen):
@@ -194,11 +200,13 @@ class Scenario(_Frozen):
 
     def effective(self) -> "Scenario":
         """This scenario with the gate's primary metrics limited to what the run measures (no MTP → no acceptance
-        length; no GSM8K → no accuracy), so a run with a feature off is not INVALID for lacking its data."""
+        length; no GSM8K → no accuracy), so a run with a feature off is not INVALID for lacking its data. Under
+        ``model.load_format = "dummy"`` (random weights) GSM8K accuracy and MTP acceptance mean nothing: both are
+        left out of the gate (not applicable; still measured and shown)."""
         dropped = []
-        if self.mtp.num_speculative_tokens == 0:
+        if self.mtp.num_speculative_tokens == 0 or self.model.load_format == "dummy":
             dropped.append("acceptance_length")
-        if not self.accuracy.enabled:
+        if not self.accuracy.enabled or self.model.load_format == "dummy":
             dropped.append("gsm8k_accuracy")
         return self.model_copy(update={"gate": self.gate.without(*dropped)}) if dropped else self
 

@@ -88,6 +88,9 @@ class VllmServer(_Endpoint):
         self.port = port
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.log_offset = 0           # bytes of the log before this session (sessions append to one log)
+        self.peak_rss_bytes = 0       # largest resident memory of the server's process tree while starting
+        self.peak_gpu_bytes = 0       # largest GPU memory of the server's process tree while starting (nvidia-smi)
 
     def start(self, timeout_s: float) -> float:
         """Spawn the server and block until a real completion succeeds. Returns seconds to ready.
@@ -99,6 +102,7 @@ class VllmServer(_Endpoint):
         if not _port_is_free(self.port):
             raise ServerError(f"port {self.port} is already in use; stop what listens there or let dsa-bench pick one")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         started = time.monotonic()
         try:
             self.proc = procs.spawn(self.argv, self.env, self.log_path)
@@ -119,6 +123,8 @@ class VllmServer(_Endpoint):
             code = self.proc.poll()
             if code is not None:
                 raise ServerError(self._failure(f"server exited with code {code} before it was ready"))
+            self.peak_rss_bytes = max(self.peak_rss_bytes, procs.tree_rss_bytes(self.proc.pid))
+            self.peak_gpu_bytes = max(self.peak_gpu_bytes, procs.tree_gpu_bytes(self.proc.pid))
             if self._healthy():
                 ok, last_error = self._first_completion()
                 if ok:
@@ -131,6 +137,12 @@ class VllmServer(_Endpoint):
             time.sleep(1.0)
         raise ServerError(self._failure(f"server ready timeout: not ready after {timeout_s:.0f} s ({last_error}); "
                                         f"raise serve.ready_timeout_s if startup is just slow"))
+
+    def session_log(self) -> str:
+        """What this session wrote to the log (from :attr:`log_offset` on)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode("utf-8", errors="replace")
 
     def _failure(self, what: str) -> str:
         tail = log_tail(self.log_path)

@@ -133,13 +133,36 @@ class Injection(_Record):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class StartupRecord(_Record):
+    """A session's start-up, from the server's own log lines (harness.run.startup: seconds, GiB, tokens; None where
+    the line is absent) plus ``ready_s`` (spawn → first successful completion) and ``peak_rss_gib`` (largest resident
+    memory of the server's process tree, sampled about once a second while starting; ``peak_gpu_gib`` likewise from
+    ``nvidia-smi``, None without it)."""
+
+    ready_s: float | None = None
+    api_server_s: float | None = None           # the API server's "Starting vLLM server" after the log's first line
+    model_init_s: float | None = None
+    weights_s: float | None = None
+    model_load_s: float | None = None
+    model_load_gib: float | None = None
+    compile_s: float | None = None
+    graph_capture_s: float | None = None
+    graph_memory_gib: float | None = None
+    engine_init_s: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: float | None = None
+    peak_rss_gib: float | None = None
+    peak_gpu_gib: float | None = None           # GPU memory of the server's processes (nvidia-smi), all GPUs summed
+
+
 class SessionRecord(_Record):
-    """One server session of an arm: its index (0, 1, … per arm), start time and readiness."""
+    """One server session of an arm: its index (0, 1, … per arm), start time, readiness and start-up metrics."""
 
     index: int
     started_at: str | None = None
     server_start_s: float | None = None
     base_url: str | None = None
+    startup: StartupRecord | None = None
 
 
 class LevelRecord(_Record):
@@ -151,6 +174,22 @@ class LevelRecord(_Record):
     finished_at: str | None = None
     raw: str | None = None                      # relative path of the raw bench JSON
     previous: str | None = None                 # the status before a --resume set it back to pending
+
+
+class BuildRecord(_Record):
+    """The vLLM build an arm's server ran (harness.run.builds): what was declared (None: the harness's own
+    environment), its interpreter, distribution and version, VCS commit (PEP 610), SHA-256 of its RECORD file, where
+    it is installed, whether the dsa_route plugin is visible to it, and ``error`` when it could not be read."""
+
+    declared: str | None = None
+    python: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+    commit: str | None = None
+    record_sha256: str | None = None
+    location: str | None = None
+    plugin: bool | None = None
+    error: str | None = None
 
 
 class ArmRecord(_Record):
@@ -172,6 +211,7 @@ class ArmRecord(_Record):
     placement: Placement | None = None
     injection: Injection | None = None
     sessions: tuple[SessionRecord, ...] = ()
+    build: BuildRecord | None = None            # the vLLM build this arm's server ran
     levels: dict[str, LevelRecord] = Field(default_factory=dict)   # str(LevelKey) → status
 
     def level_items(self) -> list[tuple[LevelKey, LevelRecord]]:

@@ -1,0 +1,36 @@
+"""Dummy weights: GSM8K accuracy and MTP acceptance are not applicable, so the gate never uses them."""
+
+import pytest
+
+from harness.run.scenario import load_scenario
+
+GATED_ON_REAL_WEIGHTS = {"gsm8k_accuracy", "acceptance_length"}
+
+
+@pytest.mark.parametrize("name", ["glm-5.2-nvfp4-tp4", "deepseek-v3.2-fp8-tp8"])
+def test_a_dummy_weights_scenario_never_gates_on_gsm8k_or_acceptance(name):
+    dummy = load_scenario(name).effective()
+    assert dummy.model.load_format == "dummy" and dummy.accuracy.enabled and dummy.mtp.num_speculative_tokens
+    assert not GATED_ON_REAL_WEIGHTS & set(dummy.gate.primary)
+    assert {"output_throughput", "mean_tpot_ms"} <= set(dummy.gate.primary)
+    real = load_scenario(name, {"model.load_format": "auto"}).effective()
+    assert GATED_ON_REAL_WEIGHTS <= set(real.gate.primary)
+
+
+def test_plan_says_why(capsys):
+    from harness.cli import main
+
+    assert main(["plan", "--scenario", "glm-5.2-nvfp4-tp4"]) == 0
+    assert "Dummy weights" in capsys.readouterr().out
+
+
+def test_the_long_context_scenario_makes_dsa_sparse_and_fits_the_model():
+    import json
+
+    from harness.run.scenario import resolve_path
+
+    long = load_scenario("glm-5.2-nvfp4-tp4-long")
+    config = json.loads((resolve_path(long.model.hf_config_path) / "config.json").read_text())
+    assert long.workload.input_len >= 8 * config["index_topk"]
+    assert long.workload.input_len + long.workload.output_len <= long.model.max_model_len
+    assert long.model.max_model_len <= config["max_position_embeddings"]
