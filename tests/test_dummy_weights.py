@@ -24,12 +24,13 @@ def test_plan_says_why(capsys):
     assert "Dummy weights" in capsys.readouterr().out
 
 
-def test_the_long_context_scenario_makes_dsa_sparse_and_fits_the_model():
+@pytest.mark.parametrize("name", ["glm-5.2-nvfp4-tp4-long", "deepseek-v3.2-fp8-tp8-long"])
+def test_the_long_context_scenarios_make_dsa_sparse_and_fit_the_model(name):
     import json
 
     from harness.run.scenario import resolve_path
 
-    long = load_scenario("glm-5.2-nvfp4-tp4-long")
+    long = load_scenario(name)
     config = json.loads((resolve_path(long.model.hf_config_path) / "config.json").read_text())
     assert long.workload.input_len >= 8 * config["index_topk"]
     assert long.workload.input_len + long.workload.output_len <= long.model.max_model_len
