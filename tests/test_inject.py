@@ -115,18 +115,20 @@ def test_rope_flip_changes_the_indexer_and_a_second_flip_restores_it():
     assert torch.equal(before, restored)
 
 
-def test_vllm_cpu_hook_applies_each_kind_to_the_model(monkeypatch):
+def test_vllm_cpu_hook_applies_each_kind_to_the_model(capsys):
     pytest.importorskip("vllm")
     from dsa_route.vllm_cpu.model import apply_injection
 
     model = _tiny_reference()
     model.used_layers = tuple(range(model.config.num_hidden_layers))
+    capsys.readouterr()
     attns = [model.model.layers[i].self_attn for i in model.used_layers]
 
     assert apply_injection(model, None, "decoder") is None
     assert all(not hasattr(a, "select_topk") and not getattr(a, "step_delay_s", 0.0) for a in attns)
 
     apply_injection(model, parse_injection("topk-random"), "decoder")
+    assert observe_from_log(capsys.readouterr().err)["injection_applied"] == "topk-random"
     selectors = [a.select_topk for a in attns if a.indexer is not None]
     assert selectors
     logits = _causal_logits(16, 40)
@@ -197,12 +199,27 @@ def test_plugin_refuses_an_injection_nothing_would_apply(tmp_path):
 ])
 def test_attestation_requires_the_declared_injection(declared, seen, valid):
     intended = {"route": "candidate", "injection": declared}
-    observed = {"route": "candidate", "injection": seen}
+    observed = {"route": "candidate", "injection": seen, "injection_applied": seen}
     result = attest(intended, observed)
     assert result["valid"] is valid
     assert bool(compare_paths(intended, observed)) is not valid
     if not valid:
         assert result["mismatches"] == [f"injection: declared {declared!r}, observed {seen!r}"]
+
+
+def test_attestation_requires_the_model_class_to_have_applied_it(tmp_path):
+    from dsa_route.plugin import apply
+
+    argv = ["vllm", "serve", _model(tmp_path, "DeepseekV32ForCausalLM", "deepseek_v32")]
+    plugin_line, _ = apply({ENV_INJECT: "topk-random"}, argv, _probe)
+    applied = "(EngineCore pid=7) dsa_route.vllm_cpu: applied inject=topk-random model=DsaCpuForCausalLM layers=[0, 1]"
+    intended = {"route": "auto", "injection": "topk-random"}
+    only_plugin = observe_from_log(plugin_line)
+    assert only_plugin["injection_applied"] is None
+    assert "no model class applied it" in attest(intended, only_plugin)["mismatches"][0]
+    both = observe_from_log(plugin_line + "\n" + applied)
+    assert both["injection_applied"] == "topk-random" and both["dsa_route_lines"] == 1
+    assert attest(intended, both)["valid"] is True
 
 
 def test_plans_without_the_field_are_not_judged_on_it():

@@ -15,6 +15,7 @@ MTP layer(s) (the others become ``nn.Identity`` placeholders so layer indices an
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -34,6 +35,7 @@ from .ops import dsa_attention, dsa_moe
 # vLLM loads deepseek_v32 configs as transformers' DeepseekV3Config (model_type "deepseek_v3" inside the engine) and
 # renames a DSA draft's model_type to "deepseek_mtp" (config/speculative.py); the DSA fields are intact in both.
 _DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+APPLIED_PREFIX = "dsa_route.vllm_cpu: applied"
 
 
 def dsa_config_from_vllm(hf_config) -> DsaConfig:
@@ -134,10 +136,13 @@ def apply_injection(model: "_DsaCpuBase", injection: Injection | None, keep: str
     reuse that random set. ``indexer-rope-flip``: :func:`flip_indexer_rope_` on the whole model. ``step-delay``: the
     target's (``keep == "decoder"``) first layer sleeps ``delay_s`` per forward that has attention metadata (real
     steps, not vLLM's dummy runs); the MTP draft is not delayed. The draft gets the two defects too: it is part of the
-    path under test.
+    path under test. Writes one ``dsa_route.vllm_cpu: applied inject=<spec> ...`` line to stderr.
     """
     if injection is None:
         return None
+    # The line harness.run.attest reads as proof that the model, not only the plugin, took the injection.
+    print(f"{APPLIED_PREFIX} inject={injection.spec} model={type(model).__name__} layers={list(model.used_layers)}",
+          file=sys.stderr, flush=True)
     if injection.kind == "topk-random":
         generator = torch.Generator().manual_seed(TOPK_RANDOM_SEED)
         select = lambda logits, topk: random_topk_indices(logits, topk, generator)  # noqa: E731
