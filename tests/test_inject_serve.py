@@ -37,7 +37,8 @@ def test_manifest_records_and_attests_the_candidates_injection(run_dir):
     assert cand["injection"] == {"kind": "step-delay", "params": {"ms": float(DELAY_MS)}} and base["injection"] is None
     assert cand["intended"]["injection"] == f"step-delay:{DELAY_MS}" and cand["observed"]["injection"] == (
         f"step-delay:{DELAY_MS}")
-    assert base["observed"]["injection"] is None
+    assert cand["observed"]["injection_applied"] == f"step-delay:{DELAY_MS}"  # the model class's own line
+    assert base["observed"]["injection"] is None and base["observed"]["injection_applied"] is None
     assert base["attestation"]["valid"] and cand["attestation"]["valid"]
     assert "injected: step-delay ms=50" in (run_dir / schema.REPORT).read_text()
 
