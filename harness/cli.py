@@ -48,6 +48,9 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
     group.add_argument("--gsm8k-data", metavar="DIR", help="directory with GSM8K train.jsonl and test.jsonl")
     mtp = group.add_mutually_exclusive_group()
+    group.add_argument("--inject-candidate", metavar="KIND",
+                       help="calibration injection for the candidate only: topk-random, indexer-rope-flip or "
+                            "step-delay:<ms> (arms.candidate.inject)")
     mtp.add_argument("--mtp", type=int, metavar="K", help="MTP with K speculative tokens")
     mtp.add_argument("--no-mtp", action="store_true", help="turn MTP off")
 
@@ -58,7 +61,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_dtype": "serve.kv_cache_dtype", "concurrency": "workload.concurrency",
         "input_len": "workload.input_len", "output_len": "workload.output_len", "repeats": "workload.repeats",
         "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
-        "gsm8k_limit": "accuracy.limit",
+        "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
     if args.no_mtp:

@@ -379,3 +379,12 @@ def test_headless_chromium_loads_page_tables_and_decoded_images(rendered, tmp_pa
                    capture_output=True, text=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 50_000
     assert png_size("data:image/png;base64," + base64.b64encode(shot.read_bytes()).decode()) == (1280, 2400)
+
+
+def test_an_injected_arm_says_so(run_dir):
+    html = render_report(run_dir).read_text(encoding="utf-8")
+    assert "injected:" not in html
+    edit_manifest(run_dir, lambda m: m["arms"]["candidate"].update(
+        injection={"kind": "step-delay", "params": {"ms": 50.0}}))
+    html = render_report(run_dir).read_text(encoding="utf-8")
+    assert html.count("injected: step-delay ms=50") == 2  # the arms table and the arm's section

@@ -22,6 +22,8 @@ latent rows, by slot.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -298,6 +300,8 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
     attn.last_topk = None
     if meta is None or meta.num_actual_tokens == 0:
         return attn.o_proj(x.new_zeros(N, H * V))
+    if getattr(attn, "step_delay_s", 0.0):  # calibration: dsa_route.inject step-delay, set on one layer per forward
+        time.sleep(attn.step_delay_s)
     n = meta.num_actual_tokens
     attn.latent_cache.write(meta.slot_mapping, torch.cat((c_kv[:n], k_pe[:n]), dim=-1))
     latent_slots = attn.latent_cache.slots(meta.block_table, meta.seq_lens)  # [T] slot of each flat key row
@@ -308,7 +312,7 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
         attn.index_cache.write_keys(imeta.slot_mapping, idx.k[0, :n])
         index_keys = attn.index_cache.gather_keys(imeta.block_table, imeta.seq_lens)  # [T, I]
         logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_end, keys.key_start)
-        indices = topk_indices(logits, attn.index_topk)  # [n, K] into the flat key array
+        indices = getattr(attn, "select_topk", topk_indices)(logits, attn.index_topk)  # [n, K] into the flat keys
     elif getattr(attn, "topk_source", None) is not None and attn.topk_source.last_topk is not None:
         indices = attn.topk_source.last_topk
     else:

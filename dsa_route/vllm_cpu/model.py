@@ -14,6 +14,8 @@ MTP layer(s) (the others become ``nn.Identity`` placeholders so layer indices an
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -24,6 +26,8 @@ from vllm.config import VllmConfig
 
 from dsa_route.dsa import DsaConfig, DsaForCausalLM
 from dsa_route.dsa.moe import MoE
+from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
+from dsa_route.inject import TOPK_RANDOM_SEED, Injection, injection_from_env
 
 from .attention import attach_caches, kv_cache_dtype_for, register_layer
 from .ops import dsa_attention, dsa_moe
@@ -31,6 +35,7 @@ from .ops import dsa_attention, dsa_moe
 # vLLM loads deepseek_v32 configs as transformers' DeepseekV3Config (model_type "deepseek_v3" inside the engine) and
 # renames a DSA draft's model_type to "deepseek_mtp" (config/speculative.py); the DSA fields are intact in both.
 _DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+APPLIED_PREFIX = "dsa_route.vllm_cpu: applied"
 
 
 def dsa_config_from_vllm(hf_config) -> DsaConfig:
@@ -80,6 +85,8 @@ class _DsaCpuBase(DsaForCausalLM):
             elif keep == "decoder":  # a shared top-k layer (GLM): reads the previous full layer's indices
                 object.__setattr__(layer.self_attn, "topk_source", topk_source)  # a reference, not a submodule
         self.used_layers = tuple(used)
+        self.injection = apply_injection(self, injection_from_env(os.environ), keep)
+
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -119,6 +126,34 @@ class _DsaCpuBase(DsaForCausalLM):
             self.lm_head.weight.copy_(self.model.embed_tokens.weight)
             loaded.add("lm_head.weight")
         return loaded
+
+
+def apply_injection(model: "_DsaCpuBase", injection: Injection | None, keep: str) -> Injection | None:
+    """Switch a calibration injection (:mod:`dsa_route.inject`) on in a freshly built model; returns it.
+
+    ``topk-random``: every layer with an indexer selects through :func:`random_topk_indices` (one generator per model,
+    seeded with ``TOPK_RANDOM_SEED``), read by ``paged_dsa_attention`` as ``attn.select_topk``; shared top-k layers
+    reuse that random set. ``indexer-rope-flip``: :func:`flip_indexer_rope_` on the whole model. ``step-delay``: the
+    target's (``keep == "decoder"``) first layer sleeps ``delay_s`` per forward that has attention metadata (real
+    steps, not vLLM's dummy runs); the MTP draft is not delayed. The draft gets the two defects too: it is part of the
+    path under test. Writes one ``dsa_route.vllm_cpu: applied inject=<spec> ...`` line to stderr.
+    """
+    if injection is None:
+        return None
+    # The line harness.run.attest reads as proof that the model, not only the plugin, took the injection.
+    print(f"{APPLIED_PREFIX} inject={injection.spec} model={type(model).__name__} layers={list(model.used_layers)}",
+          file=sys.stderr, flush=True)
+    if injection.kind == "topk-random":
+        generator = torch.Generator().manual_seed(TOPK_RANDOM_SEED)
+        select = lambda logits, topk: random_topk_indices(logits, topk, generator)  # noqa: E731
+        for i in model.used_layers:
+            if model.model.layers[i].self_attn.indexer is not None:
+                object.__setattr__(model.model.layers[i].self_attn, "select_topk", select)
+    elif injection.kind == "indexer-rope-flip":
+        flip_indexer_rope_(model)
+    elif injection.kind == "step-delay" and keep == "decoder":
+        object.__setattr__(model.model.layers[model.used_layers[0]].self_attn, "step_delay_s", injection.delay_s)
+    return injection
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.render.text import show
 from harness.rundir import store as records
-from harness.rundir.schema import ArmRecord
+from harness.rundir.schema import ArmRecord, Injection
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class ArmView:
     mismatches: list[str] = field(default_factory=list)
     server_start_s: float | None = None
     base_url: str = ""
+    injected: str = ""                 # the arm's calibration injection ("step-delay ms=50"), "" when none
 
 
 def _is_flag(token: str) -> bool:
@@ -136,5 +137,14 @@ def build_arm(name: str, arm: ArmRecord | None) -> ArmView:
         bench_command=_argv(arm.bench_command), path_rows=path_rows,
         attestation="valid" if valid is True else ("INVALID" if valid is False or mismatches else "unknown"),
         mismatches=mismatches, server_start_s=records.finite_float(arm.server_start_s),
-        base_url=show(arm.base_url or ""),
+        base_url=show(arm.base_url or ""), injected=injection_text(arm.injection),
     )
+
+
+def injection_text(injection: Injection | None) -> str:
+    """``"topk-random"``, ``"step-delay ms=50"``: an injection's kind and parameters; ``""`` without one."""
+    if injection is None:
+        return ""
+    params = " ".join(f"{key}={value:g}" if isinstance(value, float) else f"{key}={value}"
+                      for key, value in sorted(injection.params.items()))
+    return show(f"{injection.kind} {params}".strip())

@@ -13,7 +13,10 @@ for what the server should report on that platform (e.g. on CPU ``VLLM_COMPILE``
 Log lines read (vLLM 0.32; file:line as printed in the log prefix):
 
 - ``dsa_route: key=value ...`` — :mod:`dsa_route.plugin`, one line per server process (API server, engine core,
-  worker). Values are plain words or compact JSON.
+  worker). Values are plain words or compact JSON; ``inject=<spec>`` names a calibration injection it applies
+  (:mod:`dsa_route.inject`), which must equal the arm's declared one (:func:`injection_mismatches`).
+- ``dsa_route.vllm_cpu: applied inject=<spec> model=<class> ...`` — ``dsa_route.vllm_cpu.model.apply_injection``,
+  once per model built (target and MTP draft): the model class really took the injection.
 - ``[core.py] Initializing a V1 LLM engine (vX) with config: ... compilation_config={'mode':
   <CompilationMode.X: n>, ... 'backend': 'inductor', ... 'cudagraph_mode': <CUDAGraphMode.Y: n>, ...}`` — the
   engine core's final config, after the platform rewrote it (vllm/platforms/cpu.py turns VLLM_COMPILE into
@@ -61,6 +64,7 @@ COMPARED_FIELDS: tuple[str, ...] = ("route", "model_runner", "compilation_mode",
 
 _PREFIX = re.compile(r"^\((?P<proc>[\w-]+) pid=(?P<pid>\d+)\)\s+")
 _SRC = re.compile(r"\[(?P<file>[\w.]+\.py):\d+\]")
+_APPLIED_SPEC = re.compile(r"dsa_route\.vllm_cpu: applied inject=(?P<spec>\S+)")
 _DSA_LINE = re.compile(r"dsa_route:\s*(?P<body>.*)$")
 _KV = re.compile(r"(?P<key>[A-Za-z_]+)=(?P<value>\S+)")
 _ENGINE = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[^)]+)\) with config: (?P<config>.*)$")
@@ -97,6 +101,11 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _word(value: Any) -> str | None:
+    """A field's text as the plugin wrote it (``inject=50`` would decode as a number), None when absent."""
+    return None if value is None else str(value)
 
 
 def parse_dsa_route_line(line: str) -> dict[str, Any] | None:
@@ -150,7 +159,9 @@ def observe_from_log(text: str) -> dict[str, Any]:
         ``breakable_auto_enabled``, ``model_runner_evidence``, ``compilation_backend``, ``compiled`` (True when a
         torch.compile line appears, None otherwise), ``compile_evidence`` (up to 3 lines), ``vllm_version``,
         ``architecture``, ``kv_cache_dtype``, ``enforce_eager``, ``speculative_config``, ``attention_backends``,
-        ``non_default_args``, ``engine_init_s``, ``errors`` (up to 5 ERROR lines), and on CUDA
+        ``non_default_args``, ``engine_init_s``, ``errors`` (up to 5 ERROR lines), ``injection`` /
+        ``injection_refused`` (the plugin's ``inject=`` / ``inject_refused=`` spec, None without one),
+        ``injection_applied`` (``dsa_route.vllm_cpu: applied inject=<spec>``, the model class's line), and on CUDA
         ``breakable_wrapper`` (bool), ``cudagraph_capture_sizes`` (list of batch sizes), ``graph_capture_s`` and
         ``graph_capture_gib`` (first capture). Never raises on odd text.
     """
@@ -163,7 +174,7 @@ def observe_from_log(text: str) -> dict[str, Any]:
         "kv_cache_dtype": None, "enforce_eager": None, "speculative_config": None, "attention_backends": [],
         "non_default_args": None, "engine_init_s": None, "errors": [],
         "breakable_wrapper": False, "cudagraph_capture_sizes": None, "graph_capture_s": None,
-        "graph_capture_gib": None,
+        "graph_capture_gib": None, "injection_applied": None,
     }
     decisions: list[str] = []
     v1_evidence = v2_evidence = None
@@ -172,6 +183,9 @@ def observe_from_log(text: str) -> dict[str, Any]:
         prefix = _PREFIX.match(line)
         body = line[prefix.end():] if prefix else line
 
+        if obs["injection_applied"] is None and (m := _APPLIED_SPEC.search(line)):
+            obs["injection_applied"] = m.group("spec")
+            continue
         if "dsa_route:" in line:
             fields = parse_dsa_route_line(line)
             if fields is not None:
@@ -243,6 +257,8 @@ def observe_from_log(text: str) -> dict[str, Any]:
         obs["model_runner"], obs["model_runner_evidence"] = "v1", v1_evidence
 
     route_fields = obs["dsa_route"] or {}
+    obs["injection"] = _word(route_fields.get("inject"))
+    obs["injection_refused"] = _word(route_fields.get("inject_refused"))
     if route_fields:
         obs["route"] = route_fields.get("route")
         obs["dsa_route_consistent"] = len(set(decisions)) == 1
@@ -272,7 +288,7 @@ def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> l
         A field the log does not show (observed None or absent) is "not observed", never a mismatch (see
         :func:`not_observed`). Mode names compare case-insensitively.
     """
-    mismatches: list[str] = []
+    mismatches: list[str] = injection_mismatches(intended, observed)
     for name in COMPARED_FIELDS:
         if name not in intended or intended[name] is None:
             continue
@@ -282,6 +298,24 @@ def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> l
         if _normalise(intended[name]) != _normalise(seen):
             mismatches.append(f"{name}: intended {intended[name]!r}, observed {seen!r}")
     return mismatches
+
+
+def injection_mismatches(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
+    """A calibration injection must be seen exactly as declared: ``intended["injection"]`` (a
+    :mod:`dsa_route.inject` spec or None) against ``observed["injection"]`` (the plugin's ``inject=`` field). Unlike the
+    path fields, an injection the log does not show is a mismatch: a candidate that silently lacks its injection must
+    not produce a calibration verdict; a declared one must also be ``injection_applied`` (the model class's own line).
+    Nothing is compared when ``intended`` has no ``injection`` key (older plans)."""
+    if "injection" not in intended:
+        return []
+    declared, seen = intended["injection"], observed.get("injection")
+    if declared != seen:
+        return [f"injection: declared {declared!r}, observed {seen!r}" + (
+            f" (the plugin refused it: {observed['injection_refused']!r})" if observed.get("injection_refused") else "")]
+    if declared is not None and observed.get("injection_applied") != declared:
+        return [f"injection: declared {declared!r}, but no model class applied it "
+                f"(applied {observed.get('injection_applied')!r})"]
+    return []
 
 
 def not_observed(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from dsa_route import routing, serve_path
+from dsa_route.inject import ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import LevelKey
 from harness.run.scenario import Scenario, resolve_path
 
@@ -212,6 +213,17 @@ def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) ->
 AskVllm = Callable[[str, Machine, dict, "str | None"], "dict | None"]
 
 
+def _injection_refusals(injection: Injection | None, decision: routing.RouteDecision, platform: str) -> list[str]:
+    """Why an arm's injection could not be applied: every kind lives in dsa_route's CPU DSA classes."""
+    if injection is None or injection.kind not in NEEDS_DSA_CPU:
+        return []
+    cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
+    if platform == "cpu" and any(impl in cpu_classes for impl in decision.implementation.values()):
+        return []
+    return [f"inject = {injection.spec!r} is applied by dsa_route's CPU DSA classes (dsa_route.vllm_cpu), which do not "
+            f"serve this arm on {platform}; drop the injection or run a DSA model on cpu"]
+
+
 def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_vllm: AskVllm | None = None) -> Plan:
     """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it);
     ``model`` from :func:`harness.run.models.locate`. ``ask_vllm``: for ``route="auto"`` arms, what the installed vLLM
@@ -240,11 +252,16 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
         route_args, route_env, unavailable = serve_path.serve_overrides(
             decision, machine.name, has_triton=machine.has_triton, num_speculative_tokens=mtp_tokens)
         env = {**scenario.serve.env, **route_env, **spec.env}
-        refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton)
+        injection = spec.injection()
+        if injection is not None:
+            env[ENV_INJECT] = injection.spec
+        refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton) + _injection_refusals(
+            injection, decision, machine.name)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision.to_dict(),
             unavailable=tuple(unavailable),
-            intended=serve_path.expected_observation(decision, machine.name, has_triton=machine.has_triton),
+            intended={**serve_path.expected_observation(decision, machine.name, has_triton=machine.has_triton),
+                      "injection": None if injection is None else injection.spec},
             server_args=tuple(common + list(route_args) + list(scenario.serve.extra_args) + list(spec.extra_args)),
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
             refusals=tuple(refusals), vllm=spec.vllm,

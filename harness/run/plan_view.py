@@ -14,6 +14,8 @@ from harness.run.plan import ArmPlan, Plan
 
 def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
     lines = ["", f"== arm {arm.name} (route={arm.route}) =="]
+    if arm.intended.get("injection"):
+        lines.append(f"  injected: {arm.intended['injection']} (calibration injection, applied by the dsa_route plugin)")
     if reasons:
         lines += [f"  reason: {reason}" for reason in arm.decision.get("reasons", [])]
     else:

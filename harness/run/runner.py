@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import requests
 
+from dsa_route.inject import ENV_INJECT, parse_injection
 from harness.run import accuracy, attest, builds, machine as machine_mod, parity, procs, spec_decode
 
 from harness.rundir import schema
@@ -89,7 +90,7 @@ class Runner:
                 "bench_command": plan.bench_argv(arm, first_c, first_r, "http://127.0.0.1:<port>",
                                                 self.run_dir / schema.RAW_DIR),
                 "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
-                "server_start_s": None, "base_url": None, "placement": None, "injection": None, "sessions": [],
+                "server_start_s": None, "base_url": None, "placement": None, "injection": _injection_record(arm), "sessions": [],
                 "build": None if self.options.base_urls else builds.record(arm),
                 "levels": {str(key): {"status": "pending"} for key in plan.levels()},
             })
@@ -123,7 +124,8 @@ class Runner:
 
     # ----------------------------------------------------------------------------------------------- servers
     def _server_env(self, arm: ArmPlan) -> dict[str, str]:
-        return {**os.environ, **arm.server_env}
+        inherited = {k: v for k, v in os.environ.items() if k != ENV_INJECT}  # injections only where declared
+        return {**inherited, **arm.server_env}
 
     def _start_server(self, arm: ArmPlan) -> VllmServer:
         port = free_port()
@@ -352,6 +354,12 @@ class Runner:
             self.manifest["platform"]["load_avg_at_end"] = load_avg()
             self._save()
         return self.manifest
+
+
+def _injection_record(arm: ArmPlan) -> dict[str, Any] | None:
+    """The manifest's ``injection`` of an arm (``{"kind", "params"}``), None when the arm injects nothing."""
+    injection = parse_injection(arm.server_env.get(ENV_INJECT))
+    return None if injection is None else injection.record()
 
 
 def _build_mismatch(build: dict[str, Any] | None, observed: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dsa_route.inject import Injection, parse_injection
 from harness.judge.policy import GatePolicy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +98,17 @@ class ArmSpec(_Frozen):
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
     vllm: str | None = None   # this arm's vLLM build: a virtualenv's bin/vllm or bin/python (None: this environment's)
+    inject: str | None = None  # a calibration injection (dsa_route.inject: topk-random, indexer-rope-flip, step-delay:<ms>)
+
+    @field_validator("inject")
+    @classmethod
+    def _known_injection(cls, value: str | None) -> str | None:
+        parsed = parse_injection(value)  # ValueError names the allowed values
+        return None if parsed is None else parsed.spec
+
+    def injection(self) -> Injection | None:
+        """The parsed :attr:`inject` (None when off)."""
+        return parse_injection(self.inject)
 
     @field_validator("vllm")
     @classmethod

@@ -127,7 +127,8 @@ class Placement(_Record):
 
 
 class Injection(_Record):
-    """A fault or slowdown injected into an arm on purpose (``kind`` and its parameters). Not used yet."""
+    """A fault or slowdown injected into an arm on purpose: ``kind`` (``topk-random``, ``indexer-rope-flip``,
+    ``step-delay``; dsa_route.inject) and its parameters (``{"ms": float}`` for step-delay)."""
 
     kind: str
     params: dict[str, Any] = Field(default_factory=dict)

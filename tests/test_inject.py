@@ -1,0 +1,308 @@
+"""Calibration injections (dsa_route.inject): parsing, the scenario setting, the plan's server env, the plugin line,
+attestation, the report, and the hooks of dsa_route's CPU DSA classes (fast, no server)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
+from dsa_route.dsa.topk import topk_indices
+from dsa_route.inject import ENV_INJECT, Injection, injection_from_env, parse_injection
+from harness.run import procs
+from harness.run.attest import attest, compare_paths, observe_from_log
+from harness.run.scenario import ScenarioError, load_scenario
+
+ALLOWED = "topk-random, indexer-rope-flip, step-delay:<ms>"
+
+
+@pytest.mark.parametrize("text,kind,params,spec", [
+    ("topk-random", "topk-random", {}, "topk-random"),
+    (" indexer-rope-flip ", "indexer-rope-flip", {}, "indexer-rope-flip"),
+    ("step-delay:50", "step-delay", {"ms": 50.0}, "step-delay:50"),
+    ("step-delay:2.5", "step-delay", {"ms": 2.5}, "step-delay:2.5"),
+])
+def test_parse_round_trips_through_the_spec(text, kind, params, spec):
+    injection = parse_injection(text)
+    assert (injection.kind, dict(injection.params), injection.spec) == (kind, params, spec)
+    assert parse_injection(injection.spec) == injection
+    assert injection_from_env({ENV_INJECT: text}) == injection
+
+
+def test_step_delay_seconds_and_record():
+    injection = parse_injection("step-delay:40")
+    assert injection.delay_s == pytest.approx(0.04)
+    assert injection.record() == {"kind": "step-delay", "params": {"ms": 40.0}}
+    assert parse_injection("topk-random").delay_s == 0.0
+
+
+@pytest.mark.parametrize("text", [None, "", "  "])
+def test_unset_means_no_injection(text):
+    assert parse_injection(text) is None
+    assert injection_from_env({}) is None
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("topk-inverted", ALLOWED), ("step-delay", "milliseconds"), ("step-delay:abc", "milliseconds"),
+    ("step-delay:0", "(0, 10000]"), ("step-delay:-5", "(0, 10000]"), ("step-delay:nan", "(0, 10000]"),
+    ("step-delay:1e9", "(0, 10000]"), ("topk-random:3", "takes no parameter"),
+])
+def test_bad_values_raise_naming_what_is_allowed(text, needle):
+    with pytest.raises(ValueError, match="inject") as error:
+        parse_injection(text)
+    assert needle in str(error.value)
+
+
+# ---- tensors ---------------------------------------------------------------------------------------------------------
+def _causal_logits(S: int, T: int, seed: int = 0) -> torch.Tensor:
+    logits = torch.randn(S, T, generator=torch.Generator().manual_seed(seed))
+    visible = torch.arange(T)[None, :] <= (torch.arange(S)[:, None] + T - S)
+    return logits.masked_fill(~visible, float("-inf"))
+
+
+def test_topk_random_keeps_the_topk_contract_and_differs_from_the_indexer():
+    S, T, K = 24, 40, 8
+    logits = _causal_logits(S, T)
+    out = random_topk_indices(logits, K, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.int32 and out.shape == (S, K)
+    visible = (logits != float("-inf")).sum(-1)
+    for s in range(S):
+        row = out[s]
+        chosen = row[row >= 0]
+        assert len(chosen) == min(K, int(visible[s]))                       # min(K, visible) keys, then -1 padding
+        assert bool((row[len(chosen):] == -1).all())
+        assert bool((chosen[1:] > chosen[:-1]).all())                       # ascending and distinct
+        assert bool((logits[s, chosen.long()] != float("-inf")).all())      # only keys the query may see
+    assert not torch.equal(out, topk_indices(logits, K))                   # not the indexer's selection
+    again = random_topk_indices(logits, K, torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)                                          # seeded
+
+
+def test_topk_random_is_uniform_over_visible_keys():
+    T, K, draws = 10, 3, 4000
+    logits = torch.arange(T, dtype=torch.float32).expand(draws, T).clone()  # the indexer would always pick 7, 8, 9
+    out = random_topk_indices(logits, K, torch.Generator().manual_seed(1))
+    counts = torch.bincount(out.flatten().long(), minlength=T).float() / draws
+    assert torch.allclose(counts, torch.full((T,), K / T), atol=0.03)
+
+
+def _tiny_reference():
+    from dsa_route.dsa import DsaForCausalLM
+    from dsa_route.tiny.v32 import TinyDsaSpec
+
+    torch.manual_seed(0)
+    return DsaForCausalLM(TinyDsaSpec().dsa_config(), dtype=torch.float32).init_random(0)
+
+
+def test_rope_flip_changes_the_indexer_and_a_second_flip_restores_it():
+    model = _tiny_reference()
+    from dsa_route.dsa.indexer import Indexer
+
+    layouts = [m.interleaved_rope for m in model.modules() if isinstance(m, Indexer)]
+    prompt = torch.randint(0, model.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(prompt)
+        assert flip_indexer_rope_(model) == len(layouts) > 0
+        assert [m.interleaved_rope for m in model.modules() if isinstance(m, Indexer)] == [not x for x in layouts]
+        flipped = model(prompt)
+        flip_indexer_rope_(model)
+        restored = model(prompt)
+    assert not torch.equal(before, flipped)
+    assert torch.equal(before, restored)
+
+
+def test_vllm_cpu_hook_applies_each_kind_to_the_model(capsys):
+    pytest.importorskip("vllm")
+    from dsa_route.vllm_cpu.model import apply_injection
+
+    model = _tiny_reference()
+    model.used_layers = tuple(range(model.config.num_hidden_layers))
+    capsys.readouterr()
+    attns = [model.model.layers[i].self_attn for i in model.used_layers]
+
+    assert apply_injection(model, None, "decoder") is None
+    assert all(not hasattr(a, "select_topk") and not getattr(a, "step_delay_s", 0.0) for a in attns)
+
+    apply_injection(model, parse_injection("topk-random"), "decoder")
+    assert observe_from_log(capsys.readouterr().err)["injection_applied"] == "topk-random"
+    selectors = [a.select_topk for a in attns if a.indexer is not None]
+    assert selectors
+    logits = _causal_logits(16, 40)
+    assert not torch.equal(selectors[0](logits, 8), topk_indices(logits, 8))
+
+    layouts = [a.indexer.interleaved_rope for a in attns if a.indexer is not None]
+    apply_injection(model, parse_injection("indexer-rope-flip"), "decoder")
+    assert [a.indexer.interleaved_rope for a in attns if a.indexer is not None] == [not x for x in layouts]
+
+    apply_injection(model, parse_injection("step-delay:25"), "mtp")  # the draft is not delayed
+    assert not any(getattr(a, "step_delay_s", 0.0) for a in attns)
+    apply_injection(model, parse_injection("step-delay:25"), "decoder")
+    assert [getattr(a, "step_delay_s", 0.0) for a in attns] == [0.025] + [0.0] * (len(attns) - 1)
+
+
+def test_paged_attention_selects_through_the_hook():
+    """The CPU path calls the layer's ``select_topk`` where it would call ``topk_indices`` (source check: running
+    ``paged_dsa_attention`` needs vLLM's forward context)."""
+    source = (Path(__file__).resolve().parents[1] / "dsa_route/vllm_cpu/attention.py").read_text()
+    assert 'getattr(attn, "select_topk", topk_indices)(logits, attn.index_topk)' in source
+    assert "time.sleep(attn.step_delay_s)" in source
+
+
+# ---- plugin ----------------------------------------------------------------------------------------------------------
+def _probe():
+    from dsa_route.plugin import Probe
+
+    return Probe("cpu", None, False, {"DeepseekV32ForCausalLM": "vllm.models.deepseek_v32:DeepseekV32ForCausalLM"},
+                 lambda a, t: None, lambda m: True)
+
+
+def _model(tmp_path: Path, arch: str, model_type: str) -> str:
+    path = tmp_path / arch
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type}))
+    return str(path)
+
+
+def test_plugin_line_states_the_injection_and_attestation_reads_it(tmp_path):
+    from dsa_route.plugin import apply
+
+    argv = ["vllm", "serve", _model(tmp_path, "DeepseekV32ForCausalLM", "deepseek_v32")]
+    line, level = apply({ENV_INJECT: "step-delay:50"}, argv, _probe)
+    assert level == logging.INFO and "inject=step-delay:50" in line.split()
+    observed = observe_from_log(line)
+    assert observed["injection"] == "step-delay:50" and observed["injection_refused"] is None
+    line, _ = apply({}, argv, _probe)
+    assert "inject" not in line and observe_from_log(line)["injection"] is None
+
+
+def test_plugin_refuses_an_injection_nothing_would_apply(tmp_path):
+    from dsa_route.plugin import apply
+
+    argv = ["vllm", "serve", _model(tmp_path, "LlamaForCausalLM", "llama")]
+    line, level = apply({ENV_INJECT: "topk-random"}, argv, _probe)
+    assert level == logging.WARNING and "inject_refused=topk-random" in line.split() and " inject=" not in line
+    observed = observe_from_log(line)
+    assert observed["injection"] is None and observed["injection_refused"] == "topk-random"
+    assert "refused" in attest({"injection": "topk-random"}, observed)["mismatches"][0]
+
+
+# ---- attestation -----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("declared,seen,valid", [
+    (None, None, True), ("topk-random", "topk-random", True), ("step-delay:50", "step-delay:50", True),
+    ("topk-random", None, False),          # the candidate silently lacks its injection
+    (None, "topk-random", False),          # an injection nobody declared
+    ("step-delay:50", "step-delay:20", False),
+])
+def test_attestation_requires_the_declared_injection(declared, seen, valid):
+    intended = {"route": "candidate", "injection": declared}
+    observed = {"route": "candidate", "injection": seen, "injection_applied": seen}
+    result = attest(intended, observed)
+    assert result["valid"] is valid
+    assert bool(compare_paths(intended, observed)) is not valid
+    if not valid:
+        assert result["mismatches"] == [f"injection: declared {declared!r}, observed {seen!r}"]
+
+
+def test_attestation_requires_the_model_class_to_have_applied_it(tmp_path):
+    from dsa_route.plugin import apply
+
+    argv = ["vllm", "serve", _model(tmp_path, "DeepseekV32ForCausalLM", "deepseek_v32")]
+    plugin_line, _ = apply({ENV_INJECT: "topk-random"}, argv, _probe)
+    applied = "(EngineCore pid=7) dsa_route.vllm_cpu: applied inject=topk-random model=DsaCpuForCausalLM layers=[0, 1]"
+    intended = {"route": "auto", "injection": "topk-random"}
+    only_plugin = observe_from_log(plugin_line)
+    assert only_plugin["injection_applied"] is None
+    assert "no model class applied it" in attest(intended, only_plugin)["mismatches"][0]
+    both = observe_from_log(plugin_line + "\n" + applied)
+    assert both["injection_applied"] == "topk-random" and both["dsa_route_lines"] == 1
+    assert attest(intended, both)["valid"] is True
+
+
+def test_plans_without_the_field_are_not_judged_on_it():
+    assert compare_paths({"route": "baseline"}, {"route": "baseline", "injection": None}) == []
+
+
+# ---- scenario, plan, CLI ---------------------------------------------------------------------------------------------
+def test_scenario_accepts_inject_per_arm_and_keeps_it_off_by_default():
+    scenario = load_scenario("cpu-tiny-dsa", {"arms.candidate.inject": "step-delay:50"})
+    assert scenario.arms["candidate"].injection() == Injection("step-delay", {"ms": 50.0})
+    assert scenario.arms["baseline"].inject is None
+    assert all(arm.inject is None for arm in load_scenario("cpu-tiny-dsa").arms.values())
+
+
+def test_scenario_refuses_an_unknown_kind_in_one_line():
+    with pytest.raises(ScenarioError) as error:
+        load_scenario("cpu-tiny-dsa", {"arms.candidate.inject": "topk-inverted"})
+    message = str(error.value)
+    assert "arms.candidate.inject" in message and ALLOWED in message and "\n" not in message
+
+
+def _plan(overrides, tmp_path, monkeypatch):
+    from harness.run.plan import Machine, build_plan
+
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
+    scenario = load_scenario("cpu-tiny-dsa", overrides)
+    machine = Machine(name="cpu", device="test cpu", cpu_count=2, gpu_count=0, has_triton=False)
+    return build_plan(scenario, machine, ("/models/tiny", "/models/tiny"))
+
+
+def test_plan_puts_the_injection_into_that_arms_server_env_only(tmp_path, monkeypatch):
+    plan = _plan({"arms.candidate.inject": "topk-random"}, tmp_path, monkeypatch)
+    baseline, candidate = plan.arms
+    assert candidate.server_env[ENV_INJECT] == "topk-random" and ENV_INJECT not in baseline.server_env
+    assert candidate.intended["injection"] == "topk-random" and baseline.intended["injection"] is None
+    assert candidate.refusals == ()
+
+
+def test_cli_plan_shows_the_injection_and_compare_refuses_bad_kinds(capsys, tmp_path, monkeypatch):
+    from harness.cli import main
+
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
+    code = main(["plan", "--scenario", "cpu-tiny-dsa", "--concurrency", "1", "--repeats", "1",
+                 "--inject-candidate", "indexer-rope-flip"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and out.count("injected: indexer-rope-flip") == 1
+    assert f"{ENV_INJECT}=indexer-rope-flip" in out
+    code = main(["compare", "--out", str(tmp_path / "results"), "--inject-candidate", "slow"])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.startswith("dsa-bench: error: ") and ALLOWED in err and err.count("\n") == 1
+    assert not (tmp_path / "results").exists() and procs.live_children() == []
+
+
+# ---- report ----------------------------------------------------------------------------------------------------------
+def test_report_arm_says_injected():
+    from harness.render.arms import injection_text
+
+    from harness.rundir.schema import Injection as InjectionRecord
+
+    assert injection_text(None) == ""
+    assert injection_text(InjectionRecord(kind="topk-random")) == "topk-random"
+    assert injection_text(InjectionRecord(kind="step-delay", params={"ms": 50.0})) == "step-delay ms=50"
+
+
+def test_plan_refuses_an_injection_on_an_arm_dsa_route_does_not_serve(tmp_path, monkeypatch):
+    from harness.run.plan import Machine, build_plan
+
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path))
+    scenario = load_scenario("cpu-tiny", {"arms.candidate.inject": "step-delay:10"})  # DeepSeek-V3: vLLM's own class
+    machine = Machine(name="cpu", device="test cpu", cpu_count=2, gpu_count=0, has_triton=False)
+    baseline, candidate = build_plan(scenario, machine, ("/models/tiny", "/models/tiny")).arms
+    assert baseline.refusals == ()
+    assert len(candidate.refusals) == 1 and "dsa_route.vllm_cpu" in candidate.refusals[0]
+
+
+def test_runner_records_the_injection_and_never_inherits_one(tmp_path, monkeypatch):
+    from harness.run import runner
+
+    plan = _plan({"arms.candidate.inject": "step-delay:50"}, tmp_path, monkeypatch)
+    baseline, candidate = plan.arms
+    assert runner._injection_record(candidate) == {"kind": "step-delay", "params": {"ms": 50.0}}
+    assert runner._injection_record(baseline) is None
+    monkeypatch.setenv(ENV_INJECT, "topk-random")  # a stray variable in the user's shell must not inject anything
+    self = type("R", (), {})()
+    assert ENV_INJECT not in runner.Runner._server_env(self, baseline)
+    assert runner.Runner._server_env(self, candidate)[ENV_INJECT] == "step-delay:50"
