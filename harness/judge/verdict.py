@@ -196,6 +196,9 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         if test is not None:
             spec = METRICS[cell.metric]
             result.p_pass, result.p_fail = stats.noninferiority_pvalues(*test, spec.higher_is_better)
+            if stats.is_degenerate(test[1]):
+                result.notes.append("zero spread: the paired values do not vary (identical or copied repeats), so "
+                                    "no interval can be trusted; degenerate, never a verdict")
     family = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and t is not None]
     m = len(family)
     if m:
