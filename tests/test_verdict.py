@@ -100,8 +100,9 @@ def _tput_cell(ratio, sd, repeats=8, level=1):
 
 def test_clear_cases_and_interval_consistency():
     cells = [_tput_cell(1.0, 0.003, level=1), _tput_cell(0.90, 0.003, level=2), _tput_cell(0.97, 0.01, level=4)]
-    results = verdict.decide(cells, PERF)
+    *results, pooled = verdict.decide(cells, PERF)
     assert [r.status for r in results] == [Status.PASS, Status.FAIL, Status.INCONCLUSIVE]
+    assert pooled.pooled and pooled.status == Status.FAIL
     passed, failed, unsure = results
     assert passed.ci_low > -3 and failed.ci_high < -3 and unsure.ci_low <= -3 <= unsure.ci_high
     assert unsure.repeats_needed is None or unsure.repeats_needed > 8

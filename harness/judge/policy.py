@@ -123,5 +123,10 @@ class GatePolicy(BaseModel):
     def describe(self) -> str:
         """One line: the margins and the correction."""
         parts = [f"{n} {self.margin(n):+g}{' pt' if METRICS[n].margin_unit == 'pt' else ' %'}" for n in self.primary]
-        return (f"non-inferiority, Holm-corrected at α = {self.alpha:g} per family (PASS, FAIL); margins: "
-                + ", ".join(parts))
+        metrics = len(self.primary)
+        return (f"non-inferiority at α = {self.alpha:g}: PASS by intersection–union (every primary cell passes its "
+                f"own test at α; Berger 1982); FAIL by a fixed-sequence hierarchy per metric at α/{metrics} "
+                "(Bonferroni over the metrics, valid under any dependence, e.g. throughput and TPOT of the same "
+                "requests): the pooled hypothesis (geometric mean of the per-level ratios, unit = the session pair) "
+                "first, then the levels with Holm (1979) only if it rejects (Maurer, Hothorn & Lehmacher 1995); "
+                "margins: " + ", ".join(parts))
