@@ -77,7 +77,7 @@ def test_policy_defaults_are_issue_6s():
     ({"margins": {"p99_itl": 5.0}}, "unknown metric"),
     ({"alpha": 0.7}, "less than 0.5"),
     ({"levels": [0, 2]}, "positive"),
-    ({"min_repeats": 1}, "greater than or equal to 2"),
+    ({"min_sessions": 1}, "greater than or equal to 2"),
     ({"repeats": 5}, "Extra inputs"),
 ])
 def test_policy_rejects_bad_fields(fields, match):

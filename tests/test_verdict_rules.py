@@ -2,14 +2,18 @@
 the fixed-sequence FAIL hierarchy (pooled hypothesis first, then Holm over the levels), and ``min_sessions``."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.judge import verdict
+from harness.judge.cells import build_cells
 from harness.judge.policy import GatePolicy, Status
+from harness.judge.validity import check_validity
 from harness.judge.verdict import CellInput
+from harness.rundir.schema import REQUEST_COLUMNS, Manifest
 
-TPUT = GatePolicy(primary=("output_throughput",))
-MTP = GatePolicy(primary=("acceptance_length",))
+TPUT = GatePolicy(primary=("output_throughput",), min_sessions=2)
+MTP = GatePolicy(primary=("acceptance_length",), min_sessions=2)
 
 
 def _cell(metric, level, base, cand):
@@ -47,7 +51,7 @@ def test_pass_is_intersection_union_each_cell_at_alpha():
     """Eight cells each passing at α but not at α/8 (Holm's first level): PASS without adjustment (Berger 1982)."""
     cells = [_noisy("output_throughput", c, 1.0, 0.011) for c in (1, 2, 4, 8)]
     cells += [_noisy("mean_tpot_ms", c, 1.0, 0.011) for c in (1, 2, 4, 8)]
-    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))
+    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms"), min_sessions=2)
     results = verdict.decide(cells, policy)
     per_cell = [r for r in results if not r.pooled]
     assert all(0.05 / 8 < r.p_pass <= 0.05 for r in per_cell)
@@ -61,7 +65,7 @@ def test_pooled_hypothesis_fails_a_consistent_loss_no_single_level_shows():
     patterns = ([1, -1, 0], [-1, 0, 1], [0, 1, -1], [1, 0, -1])
     cells = [_cell("output_throughput", level, [100.0] * 3, 91.0 * np.exp(0.06 * np.array(pattern, dtype=float)))
              for level, pattern in zip((1, 2, 4, 8), patterns)]
-    policy = GatePolicy(primary=("output_throughput",))
+    policy = GatePolicy(primary=("output_throughput",), min_sessions=2)
     *per_level, pooled = verdict.decide(cells, policy)
     assert pooled.pooled and pooled.status == Status.FAIL and pooled.p_fail <= 0.05
     assert all(r.p_fail > 0.05 for r in per_level)
@@ -77,3 +81,61 @@ def test_levels_are_not_failed_when_the_pooled_hypothesis_does_not_reject():
     assert pooled.status is None
     assert per_level[0].p_fail < 0.001 and per_level[0].status == Status.INCONCLUSIVE
     assert [r.status for r in per_level[1:]] == [Status.PASS] * 3
+
+
+# ------------------------------------------------------------------------------------------------- min_sessions
+
+
+def test_fewer_sessions_than_min_sessions_is_inconclusive():
+    """Three clean sessions with a clear 10 % loss: below the default min_sessions = 4, no PASS or FAIL."""
+    cells = [_noisy("output_throughput", 1, 0.90, 0.002)]
+    result = verdict.decide(cells, GatePolicy(primary=("output_throughput",)))[0]
+    assert GatePolicy().min_sessions == 4
+    assert result.status == Status.INCONCLUSIVE and "needs ≥ 4" in result.note()
+    assert verdict.decide(cells, TPUT)[0].status == Status.FAIL
+
+
+def test_min_repeats_is_read_as_min_sessions_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="min_sessions"):
+        assert GatePolicy.model_validate({"min_repeats": 3}).min_sessions == 3
+    with pytest.raises(ValueError, match="renamed min_sessions"):
+        GatePolicy.model_validate({"min_repeats": 3, "min_sessions": 4})
+
+
+def _levels_frame(sessions_of_round):
+    """levels.csv of both arms at c=1: round r in session ``sessions_of_round[r]``; candidate 10 % slower, noisy."""
+    rows = []
+    for arm, factor in (("baseline", 1.0), ("candidate", 0.9)):
+        for r, session in enumerate(sessions_of_round):
+            value = 100.0 * factor * (1 + 0.01 * ((r * 7 + (arm == "candidate")) % 3 - 1))
+            rows.append({"arm": arm, "session": session, "round": r, "concurrency": 1, "completed": 8, "failed": 0,
+                         "output_throughput": value})
+    return pd.DataFrame(rows)
+
+
+def _cell_from(levels_frame):
+    manifest = Manifest.model_validate({"run_id": "t", "status": "done", "scenario": {"workload": {}},
+                                        "arms": [{"name": "baseline", "route": "baseline"},
+                                                 {"name": "candidate", "route": "candidate"}]})
+    policy = GatePolicy(primary=("output_throughput",), require_attestation=False)
+    report = check_validity(manifest, levels_frame, pd.DataFrame(columns=REQUEST_COLUMNS), policy)
+    (cell,) = build_cells(manifest, levels_frame, pd.DataFrame(columns=REQUEST_COLUMNS), None, policy, report,
+                          diagnostics=False)
+    return cell, policy
+
+
+def test_rounds_inside_one_session_are_not_independent():
+    cell, policy = _cell_from(_levels_frame([0] * 6))
+    assert cell.one_session and cell.repeats == (0,)
+    result = verdict.decide([cell], policy)[0]
+    assert result.status == Status.INCONCLUSIVE and "not independent" in result.note()
+
+
+def test_rounds_are_aggregated_within_each_session_before_the_test():
+    cell, policy = _cell_from(_levels_frame([0, 0, 1, 1, 2, 2, 3, 3]))
+    assert not cell.one_session and cell.repeats == (0, 1, 2, 3)
+    assert [v.size for v in cell.baseline] == [1, 1, 1, 1]
+    frame = _levels_frame([0, 0, 1, 1, 2, 2, 3, 3])
+    first = frame[(frame["arm"] == "baseline") & (frame["session"] == 0)]["output_throughput"].mean()
+    assert cell.baseline[0][0] == pytest.approx(first)
+    assert verdict.decide([cell], policy)[0].status == Status.FAIL

@@ -157,10 +157,11 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
     if result.baseline > 0 and result.candidate > 0:
         result.ratio = result.candidate / result.baseline
         result.delta = 100 * (result.ratio - 1)
-    if len(cell.repeats) < policy.min_repeats:
+    too_few = _too_few_sessions(cell, policy)
+    if too_few:
         result.status = Status.INCONCLUSIVE if cell.primary else None
-        result.repeats_needed = max(policy.min_repeats, RECOMMENDED_REPEATS)
-        result.notes.append(f"{len(cell.repeats)} paired repeat(s): an interval needs ≥ {policy.min_repeats}")
+        result.repeats_needed = max(policy.min_sessions, RECOMMENDED_REPEATS)
+        result.notes.append(too_few)
         return result, None
     try:
         estimate = stats.paired_block_bootstrap(cell.baseline, cell.candidate, spec.statistic,
@@ -172,6 +173,20 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
         return result, None
     result.percentile_95 = (100 * (estimate.percentile_95[0] - 1), 100 * (estimate.percentile_95[1] - 1))
     return result, (estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
+
+
+def _too_few_sessions(cell: CellInput, policy: GatePolicy) -> str | None:
+    """Why a throughput/latency cell cannot be decided for want of server sessions, or None.
+
+    The unit of replication is the server session: rounds inside one session share its offset (compile outcome,
+    memory and thread placement), so they are not independent (Kalibera & Jones 2013)."""
+    if cell.one_session:
+        return ("each arm ran all its rounds in a single server session: rounds inside one session are not "
+                f"independent; a PASS or FAIL needs ≥ {policy.min_sessions} sessions per arm")
+    if len(cell.repeats) < policy.min_sessions:
+        return (f"{len(cell.repeats)} paired session(s): a throughput/latency PASS or FAIL needs ≥ "
+                f"{policy.min_sessions} per arm")
+    return None
 
 
 def _to_delta(spec: Metric, value: float) -> float:
