@@ -139,3 +139,40 @@ def test_rounds_are_aggregated_within_each_session_before_the_test():
     first = frame[(frame["arm"] == "baseline") & (frame["session"] == 0)]["output_throughput"].mean()
     assert cell.baseline[0][0] == pytest.approx(first)
     assert verdict.decide([cell], policy)[0].status == Status.FAIL
+
+
+# ---------------------------------------------------------------------------------------------- coalesced streams
+
+
+def _requests_frame(sessions_of_round, coalesced_per_round):
+    """requests.csv for :func:`_levels_frame`: 8 sequential 1-s requests of 32 tokens per round; in the candidate's
+    rounds ``coalesced_per_round`` of them arrive in one burst (TTFT = 99 % of E2EL)."""
+    rows = []
+    for arm in ("baseline", "candidate"):
+        for r, session in enumerate(sessions_of_round):
+            for i in range(8):
+                burst = arm == "candidate" and i < coalesced_per_round
+                ttft = 990.0 if burst else 100.0
+                rows.append({"arm": arm, "session": session, "round": r, "concurrency": 1, "index": i,
+                             "input_len": 16, "output_len": 32, "ttft_ms": ttft, "tpot_ms": (1000.0 - ttft) / 31,
+                             "e2el_ms": 1000.0, "start_s": float(i), "error": ""})
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+@pytest.mark.parametrize("coalesced, invalid", [(2, True), (0, False)])
+def test_coalesced_streams_make_the_levels_latency_cells_invalid(coalesced, invalid):
+    """2 of 8 requests in one burst (25 % > 3 %): mean TPOT at that level is INVALID, throughput is not."""
+    sessions = [0, 1, 2, 3]
+    levels_frame, requests = _levels_frame(sessions), _requests_frame(sessions, coalesced)
+    manifest = Manifest.model_validate({"run_id": "t", "status": "done", "scenario": {"workload": {}},
+                                        "arms": [{"name": "baseline", "route": "baseline"},
+                                                 {"name": "candidate", "route": "candidate"}]})
+    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms"), require_attestation=False)
+    result = verdict.evaluate(manifest, levels_frame, requests, None, policy, diagnostics=False)
+    cells = {c.metric: c for c in result.primary}
+    assert (cells["mean_tpot_ms"].status == Status.INVALID) is invalid
+    assert cells["output_throughput"].status != Status.INVALID
+    if invalid:
+        assert "8 of 32 requests arrived as one burst" in cells["mean_tpot_ms"].note()
+        assert any(f["check"] == "coalesced_streams" for f in result.validity.failures)
+    assert any("steal" in n for n in result.notes)

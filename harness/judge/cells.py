@@ -101,6 +101,8 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
     reasons += validity.level_reasons(level)
+    if spec.unit == "ms":
+        reasons += validity.level_latency_reasons(level)
     if spec.source == "spec" and not _has_spec_data(levels):
         reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
                        f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")

@@ -74,6 +74,11 @@ class GatePolicy(BaseModel):
     max_output_len_mismatch_fraction: float = Field(0.0, ge=0.0, le=1.0)
     min_requests_per_concurrency: float = Field(2.0, ge=0.0)
     min_requests_for_p99: int = Field(100, ge=1)
+    max_coalesced_fraction: float = Field(0.03, ge=0.0, le=1.0)
+    """Largest share of a level's multi-token requests that may arrive as one burst (TTFT ≥ 0.95·E2EL, or a max
+    ITL ≈ 0 where recorded) before its latency cells are INVALID. Such a request's TPOT is ≈ 0, so a share ``s``
+    pulls mean TPOT down by ≈ ``s``: above the 3 % mean-TPOT margin the burst alone could flip a verdict, so the
+    default is that margin (3 %)."""
     require_attestation: bool = True
 
     @model_validator(mode="before")
