@@ -244,6 +244,7 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "policy_fields": result.policy.model_dump(mode="json"),
         "arms": dict(verdict.validity.arms) if verdict else {"baseline": "baseline", "candidate": "candidate"},
         "cells": cells, "diagnostics": diagnostics, "gsm8k": gsm8k,
+        "pooled": [c.to_dict() for c in verdict.pooled] if verdict else [],
         "validity": {"failures": verdict.validity.failures if verdict else [],
                      "not_checked": verdict.validity.not_checked if verdict else []},
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,

@@ -107,8 +107,17 @@ def test_noninferiority_pvalues_follow_the_direction():
     # Lower-is-better: a ratio of 1.05 against a +3 % margin is bad.
     p_pass, p_fail = stats.noninferiority_pvalues(math.log(1.05), 0.005, 9, math.log(1.03), higher_is_better=False)
     assert p_fail < 0.01 < 0.99 < p_pass
-    assert stats.noninferiority_pvalues(0.0, 0.0, 4, limit, True) == (0.0, 1.0)
+    # Zero spread is degenerate: no evidence either way, whatever the estimate.
+    assert stats.noninferiority_pvalues(0.0, 0.0, 4, limit, True) == (1.0, 1.0)
     assert stats.noninferiority_pvalues(limit, 0.0, 4, limit, True) == (1.0, 1.0)
+
+
+def test_an_estimate_exactly_on_the_margin_is_on_it():
+    """log(0.97) is 2.8e-17 below log1p(-0.03): within the tolerance, so exactly on the margin (p = ½ each side)."""
+    assert math.log(0.97) < math.log1p(-0.03)
+    p_pass, p_fail = stats.noninferiority_pvalues(math.log(0.97), 1e-3, 4, math.log1p(-0.03), True)
+    assert p_pass == p_fail == 0.5
+    assert stats.is_degenerate(0.0) and stats.is_degenerate(1e-9) and not stats.is_degenerate(1e-3)
 
 
 @pytest.mark.parametrize("estimate", [-0.05, -0.031, -0.02, 0.0])

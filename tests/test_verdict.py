@@ -2,11 +2,13 @@
 
 The simulations read the recorded pool in tests/fixtures/recorded/run (SYNTHETIC until a real recording replaces it;
 see that directory's README), primary metrics output throughput and mean TPOT at levels 1, 2, 4, 8 (8 cells), at
-RECOMMENDED_REPEATS = 8 paired repeats. Measured with the seeds below:
+RECOMMENDED_REPEATS = 8 paired repeats (each a session). Measured with the intersection–union PASS and the
+fixed-sequence FAIL (pooled hypothesis, then Holm over levels, α/2 per metric), 200 resamples, seed 11 (the earlier
+Holm-on-both-sides rule in brackets):
 
-- A/A (the same arm split in two), 500 resamples: FAIL 0 %, PASS 99.6 %, INCONCLUSIVE 0.4 %;
-- 5 % throughput regression (throughput only; TPOT untouched), 500 resamples: FAIL 95.0 %, never PASS;
-- throughput exactly on the −3 % margin, 200 resamples: FAIL 3.5 % (the test's size, ≤ α = 5 %).
+- A/A (the same arm split in two): PASS 100 % [99.5 %], FAIL 0 % [0 %]; at 4 sessions PASS 36.5 %, FAIL 0 %;
+- 5 % throughput regression (throughput only; TPOT untouched): FAIL 100 % [95 %]; at 4 sessions 95.5 %, never PASS;
+- throughput exactly on the −3 % margin: FAIL 2.5 % [5.5 %] (the test's size, ≤ α/2 = 2.5 %).
 
 Power against repeats on a larger synthetic pool (128 sweeps, same generator, 500 resamples, 5 % throughput loss):
 3 → 20 %, 4 → 36 %, 5 → 58 %, 6 → 70 %, 7 → 89 %, 8 → 95 %, 10 → 99 %; A/A FAIL 0 % and on-margin FAIL 1.8–3.2 % at
@@ -77,7 +79,7 @@ def test_policy_defaults_are_issue_6s():
     ({"margins": {"p99_itl": 5.0}}, "unknown metric"),
     ({"alpha": 0.7}, "less than 0.5"),
     ({"levels": [0, 2]}, "positive"),
-    ({"min_repeats": 1}, "greater than or equal to 2"),
+    ({"min_sessions": 1}, "greater than or equal to 2"),
     ({"repeats": 5}, "Extra inputs"),
 ])
 def test_policy_rejects_bad_fields(fields, match):
@@ -100,8 +102,9 @@ def _tput_cell(ratio, sd, repeats=8, level=1):
 
 def test_clear_cases_and_interval_consistency():
     cells = [_tput_cell(1.0, 0.003, level=1), _tput_cell(0.90, 0.003, level=2), _tput_cell(0.97, 0.01, level=4)]
-    results = verdict.decide(cells, PERF)
+    *results, pooled = verdict.decide(cells, PERF)
     assert [r.status for r in results] == [Status.PASS, Status.FAIL, Status.INCONCLUSIVE]
+    assert pooled.pooled and pooled.status == Status.FAIL
     passed, failed, unsure = results
     assert passed.ci_low > -3 and failed.ci_high < -3 and unsure.ci_low <= -3 <= unsure.ci_high
     assert unsure.repeats_needed is None or unsure.repeats_needed > 8

@@ -19,8 +19,11 @@ from harness.rundir.store import finite_float
 class CellInput:
     """The data of one cell, ready for :func:`decide`.
 
-    ``baseline[i]``/``candidate[i]``: values of paired repeat ``repeats[i]`` (per-request values, or a one-element
-    array with the per-repeat figure). Accuracy cells carry ``correct = (baseline, candidate)`` per question instead.
+    ``baseline[i]``/``candidate[i]``: values of paired unit ``repeats[i]`` (per-request values, or a one-element
+    array with the unit's figure). The unit is the server session when the rows record one (its rounds aggregated:
+    requests pooled, per-round figures averaged), else the round. ``one_session``: every arm ran all its rounds in a
+    single session, so the units are rounds that are not independent. Accuracy cells carry
+    ``correct = (baseline, candidate)`` per question instead.
     ``invalid`` reasons make the cell INVALID; ``notes`` are shown but change nothing; ``shown`` are the arms'
     figures displayed beside an INVALID cell (from whatever data exists; never tested).
     """
@@ -35,6 +38,7 @@ class CellInput:
     notes: tuple[str, ...] = ()
     primary: bool = True
     shown: tuple[float | None, float | None] = (None, None)
+    one_session: bool = False
 
 
 def _spec_values(row) -> float | None:
@@ -97,6 +101,8 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
     reasons += validity.level_reasons(level)
+    if spec.unit == "ms":
+        reasons += validity.level_latency_reasons(level)
     if spec.source == "spec" and not _has_spec_data(levels):
         reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
                        f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")
@@ -123,7 +129,28 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if reasons:
         shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
         return CellInput(spec.name, level, invalid=tuple(reasons), primary=primary, shown=shown)
-    return CellInput(spec.name, level, tuple(values[base]), tuple(values[cand]), tuple(common), primary=primary)
+    sessions = {arm: [_session_of(level_rows[(arm, level, r)]) for r in common] for arm in (base, cand)}
+    if any(s is None for arm in sessions for s in sessions[arm]):
+        return CellInput(spec.name, level, tuple(values[base]), tuple(values[cand]), tuple(common), primary=primary,
+                         notes=("levels.csv records no session: each round is taken as its own session",))
+    units = sorted(set(sessions[base]) & set(sessions[cand]))
+    one_session = len(set(sessions[base])) == 1 and len(set(sessions[cand])) == 1 and len(common) > 1
+    grouped = {arm: tuple(_session_values(spec, values[arm], sessions[arm], unit) for unit in units)
+               for arm in (base, cand)}
+    return CellInput(spec.name, level, grouped[base], grouped[cand], tuple(units), primary=primary,
+                     one_session=one_session)
+
+
+def _session_of(row) -> int | None:
+    value = finite_float(row.get("session"))
+    return None if value is None else int(value)
+
+
+def _session_values(spec: Metric, values: list[np.ndarray], sessions: list[int], unit: int) -> np.ndarray:
+    """One session's values: its rounds' requests pooled (request metrics), or its rounds' figures averaged."""
+    mine = [v for v, s in zip(values, sessions) if s == unit]
+    pooled = np.concatenate(mine)
+    return pooled if spec.source == "request" else np.array([pooled.mean()])
 
 
 def _shown_value(spec: Metric, arm: str, level: int, level_rows, request_groups, levels) -> float | None:

@@ -40,11 +40,20 @@ __all__ = [
     "statistic_of", "paired_block_bootstrap", "student_quantile", "student_cdf",
     "noninferiority_pvalues", "interval", "holm_adjust", "holm_test",
     "mcnemar_exact", "paired_difference", "repeats_needed", "samples_needed",
+    "MARGIN_TOLERANCE", "DEGENERATE_SE", "is_degenerate",
 ]
 
 _QUANTILE = re.compile(r"^p(\d{1,2}(?:\.\d+)?)$")
 _CHUNK_ELEMENTS = 4_000_000
 """Upper bound on ``B × R × N`` per bootstrap chunk (≈ 32 MB of float64) so large GPU runs do not exhaust memory."""
+MARGIN_TOLERANCE = 1e-9
+"""Distance from the margin (log-ratio or proportion scale) below which an estimate counts as *on* the margin:
+``log(0.97)`` and ``log1p(-0.03)`` differ by 2.8e-17 in float64, so an exact −3 % must not read as beyond it. 1e-9 is
+a 1e-7 % change, far below any measurable one and far above float64 rounding of logs (~1e-16)."""
+DEGENERATE_SE = 1e-6
+"""Standard error (log-ratio or proportion scale) below which the spread counts as zero: a ratio known to 1e-4 %.
+No timing measurement repeats that closely (the quietest pools show per-repeat CV ≈ 1 %), so such a spread means
+copied or identical values, and a verdict from it would be certain for no reason: the test is not run."""
 
 
 def _special():
@@ -218,6 +227,11 @@ def paired_block_bootstrap(baseline: Sequence[np.ndarray], candidate: Sequence[n
                          n_resamples=n_resamples)
 
 
+def is_degenerate(se: float) -> bool:
+    """Whether a standard error is zero, near zero (below :data:`DEGENERATE_SE`) or not finite: no test from it."""
+    return not math.isfinite(se) or se < DEGENERATE_SE
+
+
 def noninferiority_pvalues(estimate: float, se: float, df: float, limit: float,
                            higher_is_better: bool) -> tuple[float, float]:
     """One-sided p-values against the margin ``limit`` (same scale as ``estimate``: a log ratio or a difference).
@@ -225,13 +239,14 @@ def noninferiority_pvalues(estimate: float, se: float, df: float, limit: float,
     ``p_pass`` tests H0 "the candidate is worse than the margin" (rejecting it shows non-inferiority);
     ``p_fail`` tests H0 "the candidate is within the margin or better" (rejecting it shows a loss beyond the margin).
     With ``g = (estimate − limit)`` for higher-is-better (``limit − estimate`` otherwise) and ``T`` Student's t CDF:
-    ``p_pass = 1 − T(g / se)``, ``p_fail = T(g / se)``; so ``p_pass + p_fail = 1``. A zero ``se`` (identical values in
-    every repeat) gives 0/1, or 1/1 when the estimate sits exactly on the margin.
+    ``p_pass = 1 − T(g / se)``, ``p_fail = T(g / se)``; so ``p_pass + p_fail = 1``. ``|g|`` within
+    :data:`MARGIN_TOLERANCE` counts as exactly on the margin (``g = 0``). A degenerate spread (:func:`is_degenerate`:
+    identical values in every repeat) is no evidence either way: ``(1, 1)``.
     """
     good = (estimate - limit) if higher_is_better else (limit - estimate)
-    if se <= 0 or not math.isfinite(se):
-        if se == 0 and good != 0:
-            return (0.0, 1.0) if good > 0 else (1.0, 0.0)
+    if abs(good) <= MARGIN_TOLERANCE:
+        good = 0.0
+    if is_degenerate(se):
         return 1.0, 1.0
     cdf = float(student_cdf(df, good / se))
     return 1.0 - cdf, cdf

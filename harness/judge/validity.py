@@ -34,6 +34,8 @@ class ValidityReport:
         levels: every level the run planned or holds.
         not_checked: checks that could not run on this data, with why.
         failures: one record per failed check ``{arm, concurrency, repeat, check, detail}``.
+        latency_reasons: ``{(arm, level): [detail]}`` — reasons that make only the level's latency cells (unit
+            "ms") INVALID, e.g. coalesced streams; throughput stays valid.
     """
 
     arms: dict[str, str]
@@ -44,6 +46,16 @@ class ValidityReport:
     levels: tuple[int, ...] = ()
     not_checked: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    latency_reasons: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+    def fail_latency(self, arm: str, level: int, check: str, detail: str) -> None:
+        self.latency_reasons.setdefault((arm, level), []).append(detail)
+        self.failures.append({"arm": arm, "concurrency": level, "round": None, "check": check, "detail": detail})
+
+    def level_latency_reasons(self, level: int) -> list[str]:
+        """The level's latency-only failures for both arms: ``candidate: <detail>``."""
+        return [f"{role}: {detail}" for role in ("baseline", "candidate")
+                for detail in self.latency_reasons.get((self.arms[role], level), [])]
 
     def fail(self, arm: str, level: int, repeat: int | None, check: str, detail: str) -> None:
         self.reasons.setdefault((arm, level), []).append((repeat, detail))
@@ -110,8 +122,10 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     dominate); achieved concurrency below ``min_concurrency_fraction × c`` by vLLM's ``max_concurrent_requests`` or by
     the per-request timeline; the client saturated (``client_cpu_util`` ≥ ``max_client_cpu_util``); under
     ``--ignore-eos``, server-counted output tokens differing from the requested length; requests.csv rows disagreeing
-    with levels.csv counts. Per arm: the observed path differs from the intended one (attestation), or, with
-    ``require_attestation``, was not attested.
+    with levels.csv counts. Per arm and level, latency cells only: coalesced streams above
+    ``max_coalesced_fraction`` (:func:`coalesced_share`). Per arm: the observed path differs from the intended one
+    (attestation), or, with ``require_attestation``, was not attested. Host steal time and load average per level
+    are not recorded yet (said in ``not_checked``).
     """
     report = ValidityReport(arms=arm_names(manifest))
     concurrency = manifest.scenario_value("workload", "concurrency")
@@ -172,7 +186,43 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
                     done.add(repeat)
             report.done[(arm, level)] = done
             report.no_requests[(arm, level)] = {r for r in done if (arm, level, r) not in request_groups}
+            frames = [request_groups[(arm, level, r)] for r in sorted(done) if (arm, level, r) in request_groups]
+            if frames:
+                _check_coalesced(report, policy, arm, level, frames)
+    report.not_checked.append("host steal time and load average per level: levels.csv records neither (the runner "
+                              "must record the /proc/stat steal share and /proc/loadavg over each level's window)")
     return report
+
+
+COALESCED_TTFT_SHARE = 0.95
+"""A request whose first token took ≥ 95 % of its end-to-end latency delivered its output in one burst."""
+COALESCED_MAX_ITL_MS = 0.1
+"""A largest inter-token gap below 0.1 ms: faster than any model step (≥ ~1 ms even for a tiny model), so a burst."""
+
+
+def coalesced_share(frame) -> tuple[int, int]:
+    """``(coalesced, checked)`` among the successful requests with more than one output token: coalesced when
+    ``ttft_ms ≥ 0.95 · e2el_ms`` or, where recorded, ``max_itl_ms < 0.1``."""
+    ok = succeeded(frame)
+    ok = ok[ok["output_len"].to_numpy(dtype=float) > 1]
+    ttft, e2el = ok["ttft_ms"].to_numpy(dtype=float), ok["e2el_ms"].to_numpy(dtype=float)
+    burst = np.isfinite(ttft) & np.isfinite(e2el) & (ttft >= COALESCED_TTFT_SHARE * e2el)
+    if "max_itl_ms" in ok.columns:
+        max_itl = ok["max_itl_ms"].to_numpy(dtype=float)
+        burst |= np.isfinite(max_itl) & (max_itl < COALESCED_MAX_ITL_MS)
+    return int(burst.sum()), int(len(ok))
+
+
+def _check_coalesced(report: ValidityReport, policy: GatePolicy, arm: str, level: int, frames) -> None:
+    """Coalesced streams over the level's valid rounds: above ``max_coalesced_fraction`` its latency cells are
+    INVALID (TPOT ≈ 0 for a burst: a candidate that buffers output would look faster)."""
+    counts = [coalesced_share(frame) for frame in frames]
+    coalesced, checked = sum(c for c, _ in counts), sum(n for _, n in counts)
+    if checked and coalesced / checked > policy.max_coalesced_fraction:
+        report.fail_latency(arm, level, "coalesced_streams",
+                            f"{coalesced} of {checked} requests arrived as one burst (TTFT ≥ 0.95·E2EL or max "
+                            f"ITL ≈ 0), above {100 * policy.max_coalesced_fraction:g} %: TPOT and ITL of this level "
+                            "are not per-token figures")
 
 
 def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: int, repeat: int, row,

@@ -9,12 +9,13 @@ A *cell* is one primary metric at one concurrency level (or GSM8K accuracy, whic
 - **INVALID** when a validity check fails for either arm (:func:`~harness.judge.validity.check_validity`) or the data is
   missing;
 - otherwise the candidate/baseline ratio (accuracy: difference) with its paired interval (:mod:`harness.judge.stats`) is
-  tested against the metric's margin, Holm-corrected across all primary cells (Holm 1979), one family for PASS
-  claims and one for FAIL claims, each at family-wise level ``alpha``:
-  **PASS** (non-inferior: the interval excludes a loss larger than the margin), **FAIL** (the interval lies entirely
-  beyond the margin on the bad side), **INCONCLUSIVE** (neither; with the repeats the observed spread would need).
+  tested against the metric's margin: **PASS** (non-inferior) when the cell's own test rejects "worse than the margin"
+  at ``alpha`` (intersection–union, Berger 1982: no multiplicity adjustment on the PASS side, since PASS needs every
+  cell); **FAIL** when the metric's fixed-sequence hierarchy rejects "within the margin" for it — the metric's pooled
+  hypothesis (geometric mean of the per-level ratios) first, then its levels with Holm (1979), at ``alpha / K`` for
+  ``K`` primary metrics (:func:`decide`); **INCONCLUSIVE** otherwise, or when the spread is degenerate (zero).
 
-Overall: FAIL if any primary cell FAILs; else INVALID if any is INVALID (or there are none); else INCONCLUSIVE if any
+Overall: FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any is INVALID (or there are none); else INCONCLUSIVE if any
 is; else PASS. Missing or unreadable data never yields PASS.
 """
 
@@ -24,6 +25,8 @@ import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from harness.judge import stats
 from harness.judge.cells import CellInput, build_cells
@@ -68,6 +71,7 @@ class CellResult:
     mcnemar: dict[str, Any] | None = None
     accuracy: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    pooled: bool = False
 
     @property
     def spec(self) -> Metric:
@@ -75,6 +79,8 @@ class CellResult:
 
     @property
     def where(self) -> str:
+        if self.pooled:
+            return "all levels (pooled)"
         return "GSM8K" if self.level is None else f"c={self.level}"
 
     def note(self) -> str:
@@ -105,7 +111,7 @@ class CellResult:
             "p_fail_holm": self.p_fail_holm, "repeats": self.repeats, "repeats_needed": self.repeats_needed,
             "samples_needed": self.samples_needed, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
             "percentile_95": None if self.percentile_95 is None else list(self.percentile_95),
-            "reasons": list(self.reasons), "notes": list(self.notes), "note": self.note(),
+            "reasons": list(self.reasons), "notes": list(self.notes), "note": self.note(), "pooled": self.pooled,
         }
         percent = spec.margin_unit == "%"                      # the *_pct keys exist on every cell (None for GSM8K)
         data.update(delta_pct=self.delta if percent else None, ci_low_pct=self.ci_low if percent else None,
@@ -151,10 +157,11 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
     if result.baseline > 0 and result.candidate > 0:
         result.ratio = result.candidate / result.baseline
         result.delta = 100 * (result.ratio - 1)
-    if len(cell.repeats) < policy.min_repeats:
+    too_few = _too_few_sessions(cell, policy)
+    if too_few:
         result.status = Status.INCONCLUSIVE if cell.primary else None
-        result.repeats_needed = max(policy.min_repeats, RECOMMENDED_REPEATS)
-        result.notes.append(f"{len(cell.repeats)} paired repeat(s): an interval needs ≥ {policy.min_repeats}")
+        result.repeats_needed = max(policy.min_sessions, RECOMMENDED_REPEATS)
+        result.notes.append(too_few)
         return result, None
     try:
         estimate = stats.paired_block_bootstrap(cell.baseline, cell.candidate, spec.statistic,
@@ -168,6 +175,20 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
     return result, (estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
 
 
+def _too_few_sessions(cell: CellInput, policy: GatePolicy) -> str | None:
+    """Why a throughput/latency cell cannot be decided for want of server sessions, or None.
+
+    The unit of replication is the server session: rounds inside one session share its offset (compile outcome,
+    memory and thread placement), so they are not independent (Kalibera & Jones 2013)."""
+    if cell.one_session:
+        return ("each arm ran all its rounds in a single server session: rounds inside one session are not "
+                f"independent; a PASS or FAIL needs ≥ {policy.min_sessions} sessions per arm")
+    if len(cell.repeats) < policy.min_sessions:
+        return (f"{len(cell.repeats)} paired session(s): a throughput/latency PASS or FAIL needs ≥ "
+                f"{policy.min_sessions} per arm")
+    return None
+
+
 def _to_delta(spec: Metric, value: float) -> float:
     """Test scale → shown scale: log ratio → % change; proportion difference → points."""
     return 100 * value if spec.source == "accuracy" else 100 * math.expm1(value)
@@ -175,12 +196,17 @@ def _to_delta(spec: Metric, value: float) -> float:
 
 def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int | None = None,
            seed: int | None = None) -> list[CellResult]:
-    """Decide every cell: INVALID from validity, else PASS/FAIL/INCONCLUSIVE by Holm-corrected margin tests.
+    """Decide every cell: INVALID from validity, else PASS/FAIL/INCONCLUSIVE by margin tests.
 
-    Primary cells with an estimate form the Holm families (PASS claims, FAIL claims; ``m`` = their number);
-    non-primary cells get an unadjusted two-sided 95 % interval and no status. Each interval is shown at the
-    two-sided confidence ``1 − 2a``, ``a`` being the level Holm tested the cell at (:func:`harness.judge.stats.holm_test`),
-    so a PASS cell's interval clears the margin and an INCONCLUSIVE one's touches it.
+    PASS is an intersection–union test (Berger 1982): each primary cell is tested at ``α`` with no multiplicity
+    adjustment, and the run passes only if every primary cell does. FAIL controls the family-wise error at ``α`` by a
+    Bonferroni split over the ``K`` primary metrics, each a fixed-sequence hierarchy at ``α/K`` (Maurer, Hothorn &
+    Lehmacher 1995; Dmitrienko & Tamhane 2007): first the metric's pre-specified pooled hypothesis (:func:`_pooled`,
+    over its testable levels), and only if that rejects, its per-level cells with Holm (1979). The Bonferroni split
+    holds under any dependence, so throughput and mean TPOT at one level (dependent measures of the same requests) need
+    no independence assumption. The returned list holds the cells in order, then one pooled result per metric with
+    more than one testable level (``pooled=True``). Intervals are shown at the level each cell was decided at
+    (``α`` on the PASS side, its sequence's Holm level on the FAIL side), so an interval never contradicts its cell.
 
     Args:
         n_resamples, seed: override the policy's (simulations use fewer resamples and vary the seed).
@@ -196,35 +222,81 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         if test is not None:
             spec = METRICS[cell.metric]
             result.p_pass, result.p_fail = stats.noninferiority_pvalues(*test, spec.higher_is_better)
-    family = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and t is not None]
-    m = len(family)
-    if m:
-        p_pass = [results[i].p_pass for i in family]
-        p_fail = [results[i].p_fail for i in family]
-        reject_pass, level_pass = stats.holm_test(p_pass, policy.alpha)
-        reject_fail, level_fail = stats.holm_test(p_fail, policy.alpha)
-        adj_pass, adj_fail = stats.holm_adjust(p_pass), stats.holm_adjust(p_fail)
-        for k, i in enumerate(family):
+            if stats.is_degenerate(test[1]):
+                result.notes.append("zero spread: the paired values do not vary (identical or copied repeats), so "
+                                    "no interval can be trusted; degenerate, never a verdict")
+    metrics = list(dict.fromkeys(c.metric for c in cells if c.primary))
+    share = policy.alpha / max(len(metrics), 1)
+    pooled_results = []
+    for metric in metrics:
+        members = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and c.metric == metric and t]
+        if not members:
+            continue
+        gate_p = 0.0
+        if len(members) > 1:
+            pooled = _pooled(metric, [cells[i] for i in members], policy, share)
+            pooled_results.append(pooled)
+            gate_p = 1.0 if pooled.p_fail is None else pooled.p_fail
+        adjusted = stats.holm_adjust([results[i].p_fail for i in members])
+        reject, levels = stats.holm_test([results[i].p_fail for i in members], share)
+        gate_open = gate_p <= share
+        for k, i in enumerate(members):
             result, (estimate, se, df, limit) = results[i], tests[i]
-            result.p_pass_holm, result.p_fail_holm = float(adj_pass[k]), float(adj_fail[k])
-            if reject_fail[k]:
-                result.status, level = Status.FAIL, level_fail[k]
-            elif reject_pass[k]:
-                result.status, level = Status.PASS, level_pass[k]
+            result.p_pass_holm = result.p_pass
+            result.p_fail_holm = min(1.0, len(metrics) * max(gate_p, float(adjusted[k])))
+            if gate_open and reject[k]:
+                result.status, level = Status.FAIL, float(levels[k])
+            elif result.p_pass <= policy.alpha:
+                result.status, level = Status.PASS, policy.alpha
             else:
                 result.status = Status.INCONCLUSIVE
-                level = level_fail[k] if result.p_fail < result.p_pass else level_pass[k]
+                level = policy.alpha if result.p_pass <= result.p_fail else float(levels[k])
                 distance = abs(estimate - limit)
                 if math.isinf(df):
-                    result.samples_needed = stats.samples_needed(distance, se, result.n_baseline or 0,
-                                                                 policy.alpha / m)
+                    result.samples_needed = stats.samples_needed(distance, se, result.n_baseline or 0, level)
                 else:
-                    result.repeats_needed = stats.repeats_needed(distance, se, result.repeats, policy.alpha / m)
-            _set_interval(result, estimate, se, df, float(level))
+                    result.repeats_needed = stats.repeats_needed(distance, se, result.repeats, level)
+            _set_interval(result, estimate, se, df, level)
     for i, (cell, test) in enumerate(zip(cells, tests)):
         if not cell.primary and test is not None:                   # diagnostics: no verdict, plain 95 %
             _set_interval(results[i], test[0], test[1], test[2], 0.025)
-    return results
+    return results + pooled_results
+
+
+def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy, level: float) -> CellResult:
+    """The metric's pooled hypothesis: the geometric mean of its per-level ratios against the margin.
+
+    Per paired unit ``u`` common to every member cell, ``d_u = mean_l(log S(cand_{l,u}) − log S(base_{l,u}))``
+    (``S`` the metric's statistic of that unit's values); the estimate is ``mean_u d_u`` with the paired-t standard
+    error ``sd(d)/sqrt(n)`` on ``n − 1`` df (the unit of replication is the session pair). Tested at ``level``:
+    ``status`` FAIL when it rejects "within the margin", else None (it opens no PASS: that is per cell).
+    """
+    spec = METRICS[metric]
+    common = sorted(set.intersection(*(set(c.repeats) for c in members)))
+    where = ", ".join(str(c.level) for c in members)
+    result = CellResult(metric, None, True, None, margin=policy.margin(metric), repeats=len(common), pooled=True,
+                        notes=[f"pooled over c={where}: geometric mean of the per-level ratios, tested first at "
+                               f"{level:g}; the levels are tested (Holm) only if it rejects"])
+    diffs = []
+    for unit in common:
+        logs = []
+        for cell in members:
+            k = cell.repeats.index(unit)
+            logs.append(math.log(stats.statistic_of([cell.candidate[k]], spec.statistic))
+                        - math.log(stats.statistic_of([cell.baseline[k]], spec.statistic)))
+        diffs.append(sum(logs) / len(logs))
+    if len(diffs) < 2:
+        result.notes.append(f"{len(diffs)} unit(s) common to every level: not tested")
+        return result
+    d = np.asarray(diffs)
+    estimate, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1)
+    result.ratio, result.delta = math.exp(estimate), _to_delta(spec, estimate)
+    result.p_pass, result.p_fail = stats.noninferiority_pvalues(estimate, se, df, policy.limit(metric),
+                                                                spec.higher_is_better)
+    if result.p_fail <= level:
+        result.status = Status.FAIL
+    _set_interval(result, estimate, se, df, level)
+    return result
 
 
 def _set_interval(result: CellResult, estimate: float, se: float, df: float, level: float) -> None:
@@ -238,10 +310,13 @@ def _set_interval(result: CellResult, estimate: float, se: float, df: float, lev
 def overall(results: Sequence[CellResult]) -> tuple[Status, str]:
     """The run's verdict from its primary cells, and one sentence saying why.
 
-    FAIL if any FAILs; else INVALID if any is INVALID (or no primary cell exists); else INCONCLUSIVE if any is; else
-    PASS.
+    FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any cell is INVALID (or no primary cell
+    exists); else INCONCLUSIVE if any is; else PASS (every primary cell passed: the intersection–union test).
     """
-    primary = [r for r in results if r.primary]
+    cells = [r for r in results if r.primary and not r.pooled]
+    if not cells:
+        return Status.INVALID, "no primary cells: the run holds none of the policy's metrics and levels"
+    primary = cells + [r for r in results if r.pooled and r.status == Status.FAIL]
     if not primary:
         return Status.INVALID, "no primary cells: the run holds none of the policy's metrics and levels"
     worst = min((r.status for r in primary), key=lambda s: SEVERITY[s])
@@ -259,7 +334,7 @@ def overall(results: Sequence[CellResult]) -> tuple[Status, str]:
         tail = (f"; at the observed spread ≈{max(needs)} repeats would settle them" if needs
                 else "; see each cell's note")
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
-    return worst, f"all {len(primary)} primary cells are non-inferior within their margins"
+    return worst, f"all {len(cells)} primary cells are non-inferior within their margins"
 
 
 def _which(cells: Sequence[CellResult]) -> str:
@@ -287,7 +362,12 @@ class Verdict:
 
     @property
     def primary(self) -> list[CellResult]:
-        return [c for c in self.cells if c.primary]
+        return [c for c in self.cells if c.primary and not c.pooled]
+
+    @property
+    def pooled(self) -> list[CellResult]:
+        """The pooled hypotheses (one per metric with several testable levels), tested first on the FAIL side."""
+        return [c for c in self.cells if c.pooled]
 
     @property
     def diagnostics(self) -> list[CellResult]:

@@ -351,6 +351,7 @@ class RequestRow(_Record):
     e2el_ms: float | None = None
     start_s: float | None = None
     error: str = ""
+    max_itl_ms: float | None = None             # the largest inter-token gap (vLLM's ``itls``); empty if not recorded
 
 
 class AccuracyRow(_Record):
