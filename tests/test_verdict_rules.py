@@ -176,3 +176,20 @@ def test_coalesced_streams_make_the_levels_latency_cells_invalid(coalesced, inva
         assert "8 of 32 requests arrived as one burst" in cells["mean_tpot_ms"].note()
         assert any(f["check"] == "coalesced_streams" for f in result.validity.failures)
     assert any("steal" in n for n in result.notes)
+
+
+def test_roles_come_from_arm_names_not_routes():
+    """An A/A recording (both arms on route "candidate", as `allow_identical_arms` runs and main-vs-PR builds are)
+    must compare the candidate arm's rows with the baseline's, not the baseline with itself."""
+    from pathlib import Path
+
+    from harness.judge.validity import arm_names
+    from harness.rundir.store import RunDir
+
+    run = RunDir(Path(__file__).parent / "fixtures" / "recorded" / "real-cpu")
+    manifest = run.manifest()
+    assert {arm.route for arm in manifest.arms} == {"candidate"}
+    assert arm_names(manifest) == {"baseline": "baseline", "candidate": "candidate"}
+    swapped = manifest.model_copy(update={"arms": [arm.model_copy(update={"name": other})
+                                                   for arm, other in zip(manifest.arms, ("b", "a"))]})
+    assert arm_names(swapped) == {"baseline": "b", "candidate": "a"}

@@ -80,12 +80,13 @@ class ValidityReport:
 
 
 def arm_names(manifest: Manifest) -> dict[str, str]:
-    """``{"baseline": name, "candidate": name}``: the arm of each route (the route's own name when absent)."""
-    names = {"baseline": "baseline", "candidate": "candidate"}
-    for arm in reversed(manifest.arms):       # the first arm of a route wins
-        if arm.route in names:
-            names[arm.route] = arm.name
-    return names
+    """``{"baseline": name, "candidate": name}``: the arm playing each role. Roles are the arms' names (a scenario's
+    ``[arms.baseline]`` and ``[arms.candidate]``), never their routes: an A/A run, or main against a PR build, gives
+    both arms the same route. Arms with other names take the roles in manifest order (baseline first)."""
+    names = [arm.name for arm in manifest.arms]
+    if {"baseline", "candidate"} <= set(names) or len(names) < 2:
+        return {"baseline": "baseline", "candidate": "candidate"}
+    return {"baseline": names[0], "candidate": names[1]}
 
 
 def _flag_value(argv: Any, flag: str) -> str | None:
