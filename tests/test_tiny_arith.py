@@ -43,7 +43,7 @@ def test_worked_answers_are_arithmetic_of_the_question():
 
 
 def test_gsm8k_dir_is_what_the_harness_accepts(tmp_path):
-    from harness.accuracy import check_data_dir
+    from harness.run.gsm8k_data import check_data_dir
 
     out = task.write_gsm8k_dir(tmp_path / "arith", n_train=5, n_test=7)
     assert check_data_dir(out) == out.resolve()

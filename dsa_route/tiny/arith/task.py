@@ -15,7 +15,7 @@ The answer follows GSM8K's convention (worked lines, then ``#### N``), so lm-eva
 
 Splits are independent seeded streams (train seed 0, test seed 1 by default); :func:`write_gsm8k_dir` writes
 ``train.jsonl`` / ``test.jsonl`` with GSM8K's fields ``question`` and ``answer``, the directory layout
-``harness.accuracy.check_data_dir`` accepts.
+``harness.run.gsm8k_data.check_data_dir`` accepts.
 """
 
 from __future__ import annotations
