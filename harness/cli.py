@@ -221,7 +221,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from harness.run import accuracy
 
+    from harness.rundir import store
+
     options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
+    if args.resume and store.RunDir(Path(args.resume)).manifest().status == "done":
+        # a finished run: nothing to re-run, and its timing stays as measured
+        Console(stderr=True).print(f"nothing to resume: {args.resume} is complete; its report and verdict stand "
+                                   f"(dsa-bench report / gate {args.resume})")
+        return 0
     if args.resume:
         plan, run_dir, stored = _resume_plan(args)
     else:

@@ -108,3 +108,15 @@ def test_malformed_flags_are_one_line_usage_errors(capsys, argv, needle):
         main(argv)
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and needle in err and err.count("\n") == 1 and "--help)" in err
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "run_dir", run_dir)
+    before = (run_dir / "manifest.json").read_bytes()
+    assert main(["compare", "--resume", str(run_dir)]) == 0
+    assert "nothing to resume" in capsys.readouterr().err
+    assert (run_dir / "manifest.json").read_bytes() == before

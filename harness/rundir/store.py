@@ -92,8 +92,8 @@ class RunDir:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RunDirError(f"{path}: not valid JSON ({one_line(error)}); re-run `dsa-bench compare --resume "
-                              f"{self.path}`") from error
+            raise RunDirError(f"{path}: not valid JSON ({one_line(error)}); the run directory's record is "
+                              f"corrupted and cannot be resumed: run `dsa-bench compare` again") from error
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: not a JSON object; the file is corrupted")
         return data
