@@ -4,8 +4,8 @@ Runs the test problems through the reference model (:mod:`.evaluate`) once on th
 injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
 path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
 
-Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a ``with`` block, and
-:func:`random_topk_indices` / :func:`flip_indexer_rope_` are the two pieces a serving path can apply itself):
+Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a ``with`` block, with the pieces of
+:mod:`dsa_route.dsa.injections` that the serving path applies too, through the per-arm ``inject`` setting):
 
 - ``topk-random``: each query's indexer selection is replaced by ``index_topk`` keys drawn uniformly (seeded) from the
   keys it may see — sparse attention still runs, on the wrong tokens;
@@ -24,28 +24,12 @@ import torch
 
 from dsa_route.dsa import DsaForCausalLM
 from dsa_route.dsa import attention as dsa_attention
-from dsa_route.dsa.indexer import Indexer
-from dsa_route.dsa.topk import topk_indices
+from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
 
 from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
 from .task import generate
 
 INJECTIONS = ("topk-random", "indexer-rope-flip")
-
-
-def random_topk_indices(logits: torch.Tensor, topk: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``topk-random``: same contract as :func:`dsa_route.dsa.topk.topk_indices` (``int32 [S, topk]``, ``-1``
-    padded), but the ``topk`` keys of each row are drawn uniformly from its visible (finite-logit) keys."""
-    noise = torch.rand(logits.shape, generator=generator).to(logits.device)
-    return topk_indices(noise.masked_fill(~torch.isfinite(logits), float("-inf")), topk)
-
-
-def flip_indexer_rope_(model: torch.nn.Module) -> None:
-    """``indexer-rope-flip``, in place: every lightning indexer of ``model`` switches its RoPE pair layout
-    (half-split ↔ interleaved); calling it twice restores the model."""
-    for module in model.modules():
-        if isinstance(module, Indexer):
-            module.interleaved_rope = not module.interleaved_rope
 
 
 @contextlib.contextmanager
