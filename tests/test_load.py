@@ -97,3 +97,33 @@ def test_each_latency_metric_name_means_one_thing(bench):
         assert ours == pytest.approx(level[metric.name], rel=1e-6), metric.name
         checked += 1
     assert checked == 9   # mean, median and p99 of TTFT, TPOT and E2EL
+
+
+def test_max_itl_is_the_largest_streamed_gap_per_request(bench):
+    _, rows = parse_bench_result(bench, "baseline", 4, 0)
+    for row, gaps in zip(rows, bench["itls"]):
+        assert row["max_itl_ms"] == pytest.approx(1000 * max(gaps))
+
+
+def test_whole_output_in_the_first_chunk_has_no_gap_and_is_coalesced(bench):
+    """A recorded request made into a burst (every later chunk 0.01 ms apart, TTFT unchanged): only its max ITL
+    shows it, and the coalesced-stream rule counts it."""
+    from harness.judge.validity import coalesced_share
+    import pandas as pd
+
+    data = json.loads(json.dumps(bench))
+    data["itls"][0] = [1e-5] * len(data["itls"][0])
+    data["itls"][1] = []
+    data["errors"][2] = "boom"
+    _, rows = parse_bench_result(data, "baseline", 4, 0)
+    assert rows[0]["max_itl_ms"] == pytest.approx(0.01) and rows[1]["max_itl_ms"] == 0.0
+    assert rows[2]["max_itl_ms"] is None
+    assert rows[0]["ttft_ms"] < 0.95 * rows[0]["e2el_ms"]          # TTFT alone would not see it
+    coalesced, checked = coalesced_share(pd.DataFrame(rows))
+    assert (coalesced, checked) == (2, len(rows) - 1)
+
+
+def test_results_without_itls_leave_max_itl_empty(bench):
+    data = {k: v for k, v in bench.items() if k != "itls"}
+    _, rows = parse_bench_result(data, "baseline", 4, 0)
+    assert all(row["max_itl_ms"] is None for row in rows)

@@ -94,6 +94,11 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _max_gap_ms(gaps_s: Sequence[float] | None) -> float:
+    """The largest of one request's inter-chunk gaps (seconds) in ms; 0.0 when it has none (one burst)."""
+    return 1000.0 * max((float(gap) for gap in gaps_s or ()), default=0.0)
+
+
 def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, round_: int, session: int | None = None
                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One vLLM bench result JSON → (``levels.csv`` row, ``requests.csv`` rows).
@@ -101,6 +106,9 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, roun
     Per request: TTFT and E2EL from vLLM's ``ttfts``/``latencies`` (s → ms); ``output_len`` is the server-counted
     ``usage.completion_tokens`` (vLLM's ``output_lens``); TPOT = (E2EL − TTFT)/(output_len − 1) for output_len > 1
     (vLLM ``benchmarks/serve.py`` ``calculate_metrics``), else empty. ``start_s`` is relative to the first request.
+    ``max_itl_ms`` is the request's largest gap between streamed chunks (vLLM's ``itls``, s → ms): 0 for a successful
+    multi-token request whose whole output came in its first chunk (``itls`` empty), empty where ``itls`` is absent
+    (a result saved without ``--save-detailed``), for a failed request, or for one output token.
 
     Raises:
         ValueError: a required key is missing or the per-request arrays disagree in length (corrupted file).
@@ -115,6 +123,9 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, roun
         if len(data[key]) != count:
             raise ValueError(f"benchmark JSON: '{key}' has {len(data[key])} entries, input_lens has {count}")
     starts = data.get("start_times") or [None] * count
+    itls = data.get("itls")
+    if itls is not None and len(itls) != count:
+        raise ValueError(f"benchmark JSON: 'itls' has {len(itls)} entries, input_lens has {count}")
     first = min((s for s in starts if s is not None), default=None)
     requests = []
     for index in range(count):
@@ -129,6 +140,7 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, roun
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms,
             "start_s": (starts[index] - first) if (starts[index] is not None and first is not None) else None,
             "error": error.strip().splitlines()[-1][:300] if error else "",
+            "max_itl_ms": _max_gap_ms(itls[index]) if (itls is not None and not error and output_len > 1) else None,
         })
     level = {
         "arm": arm, "session": session, "round": round_, "concurrency": concurrency,
