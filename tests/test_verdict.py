@@ -217,6 +217,7 @@ INVALIDATIONS = {
     "vLLM max concurrency": (lambda run: _mutate_levels(run, "max_concurrent_requests", 1), "max_concurrent"),
     "timeline concurrency": (_serial_client, "achieved concurrency"),
     "client saturated": (lambda run: _mutate_levels(run, "client_cpu_util", 0.99), "client"),
+    "host steal": (lambda run: _mutate_levels(run, "host_steal_fraction", 0.25), "steal time was 25.0 %"),
     "output length": (_short_outputs, "--ignore-eos"),
     "path mismatch": (_attestation(False), "observed path differs"),
     "not attested": (_attestation(None), "not attested"),
@@ -257,6 +258,13 @@ def test_missing_primary_data_is_invalid_never_pass(run8):
     assert by_metric["acceptance_length"].status == Status.INVALID
     assert "MTP" in by_metric["acceptance_length"].note()
     assert result.status == Status.INVALID
+
+
+def test_light_steal_is_recorded_not_judged_and_absent_steal_is_said(run8):
+    light = _evaluate(_mutate_levels(run8, "host_steal_fraction", 0.05))
+    assert not [f for f in light.validity.failures if f["check"] == "host_steal"]
+    assert not any("host steal" in n for n in light.notes)
+    assert any("host steal time" in n for n in _evaluate(run8).notes)    # the recorded pool predates the column
 
 
 def test_not_checked_is_said(run8):

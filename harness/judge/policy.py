@@ -79,7 +79,15 @@ class GatePolicy(BaseModel):
     ITL ≈ 0 where recorded) before its latency cells are INVALID. Such a request's TPOT is ≈ 0, so a share ``s``
     pulls mean TPOT down by ≈ ``s``: above the 3 % mean-TPOT margin the burst alone could flip a verdict, so the
     default is that margin (3 %)."""
+    max_steal_fraction: float = Field(0.10, ge=0.0, le=1.0)
+    """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the level's cells
+    are INVALID. 10 % is the common cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time":
+    sustained steal above 10 % means the VM runs slower than it should); it is also over three times the 3 %
+    throughput margin, so steal alone could decide a cell."""
     require_attestation: bool = True
+    """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
+    whose path cannot be observed (``dsa-bench import``, servers started by other tooling); PASS then rests on the
+    caller's word that the arms ran the intended paths."""
 
     @model_validator(mode="before")
     @classmethod

@@ -125,8 +125,9 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     ``--ignore-eos``, server-counted output tokens differing from the requested length; requests.csv rows disagreeing
     with levels.csv counts. Per arm and level, latency cells only: coalesced streams above
     ``max_coalesced_fraction`` (:func:`coalesced_share`). Per arm: the observed path differs from the intended one
-    (attestation), or, with ``require_attestation``, was not attested. Host steal time and load average per level
-    are not recorded yet (said in ``not_checked``).
+    (attestation), or, with ``require_attestation``, was not attested. Per arm and level: the host's CPU steal
+    share over the level above ``max_steal_fraction`` (not checked where ``host_steal_fraction`` is not recorded;
+    the load average is recorded and shown, never judged: on a shared host it is the benchmark's own load too).
     """
     report = ValidityReport(arms=arm_names(manifest))
     concurrency = manifest.scenario_value("workload", "concurrency")
@@ -145,8 +146,11 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
             mismatches = "; ".join(attestation.mismatches) or "no details"
             report.arm_reasons.setdefault(arm, []).append(f"{role}: observed path differs from intended ({mismatches})")
         elif not (attestation is not None and attestation.valid is True) and policy.require_attestation:
+            why = (attestation.note if attestation is not None and attestation.note
+                   else f"manifest.json has no attestation for arm {arm}")
             report.arm_reasons.setdefault(arm, []).append(
-                f"{role}: execution path not attested (manifest.json has no attestation for arm {arm})")
+                f"{role}: execution path not attested ({why}); a policy with require_attestation = false judges "
+                "it anyway")
     report.levels = tuple(sorted(level_set))
 
     has_cpu = "client_cpu_util" in levels.columns and levels["client_cpu_util"].notna().any()
@@ -190,8 +194,9 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
             frames = [request_groups[(arm, level, r)] for r in sorted(done) if (arm, level, r) in request_groups]
             if frames:
                 _check_coalesced(report, policy, arm, level, frames)
-    report.not_checked.append("host steal time and load average per level: levels.csv records neither (the runner "
-                              "must record the /proc/stat steal share and /proc/loadavg over each level's window)")
+    if "host_steal_fraction" not in levels.columns or not levels["host_steal_fraction"].notna().any():
+        report.not_checked.append("host steal time: levels.csv has no host_steal_fraction (older run directories, "
+                                  "imported results, or a host without /proc/stat)")
     return report
 
 
@@ -250,6 +255,12 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
         report.fail(arm, level, repeat, "client_saturated",
                     f"benchmark client used {100 * cpu:.0f} % of a core (≥ {100 * policy.max_client_cpu_util:g} %): "
                     "the client, not the server, may be the bottleneck")
+    steal = finite_float(row.get("host_steal_fraction"))
+    if steal is not None and steal > policy.max_steal_fraction:
+        report.fail(arm, level, repeat, "host_steal",
+                    f"the host's CPU steal time was {100 * steal:.1f} % of its CPU time during the level (> "
+                    f"{100 * policy.max_steal_fraction:g} %): other guests of the hypervisor, not the server, set the "
+                    "pace")
     if frame is not None:
         if len(frame) != total:
             report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "

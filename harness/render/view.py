@@ -65,6 +65,8 @@ class ArmLevel:
     duration_s: Summary
     max_concurrent: Summary
     client_cpu_util: Summary    # benchmark client CPU seconds / level wall seconds
+    host_steal: Summary         # the host's CPU steal share over the level (0..1, /proc/stat)
+    load_avg: Summary           # the host's 1-minute load average at the level's end
     requests: int               # rows in requests.csv
     request_errors: int
     output_len_range: str       # server-counted output tokens of successful requests, "min–max"
@@ -242,6 +244,7 @@ def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
                 duration_s=_summary_of(rows, "duration_s"),
                 max_concurrent=_achieved(reqs),
                 client_cpu_util=_summary_of(rows, "client_cpu_util"),
+                host_steal=_summary_of(rows, "host_steal_fraction"), load_avg=_summary_of(rows, "load_avg_1m"),
                 requests=n_requests, request_errors=n_errors, output_len_range=length_range, errors=errors,
             )
         metric_rows = []
@@ -288,7 +291,11 @@ def _schedule(manifest: Manifest) -> str:
 def _banners(manifest: Manifest, arms: list[ArmView], levels: list[LevelView],
              differences: list[tuple[str, str, str]]) -> list[Banner]:
     banners = []
-    if all(arm.present for arm in arms) and not differences:
+    if manifest.imported_from:
+        banners.append(Banner("warn", f"Imported, not attested: these results were measured by other tooling and "
+                                      f"read from {show(manifest.imported_from)} (dsa-bench import); no server log "
+                                      "was read, so neither arm's execution path is known."))
+    elif all(arm.present for arm in arms) and not differences:
         banners.append(Banner("warn", "The two arms have identical server commands, environments and benchmark "
                                       "commands: this run compares a path with itself (fine for an A/A check only)."))
     for arm in arms:

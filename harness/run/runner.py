@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
-from harness.run import accuracy, attest, builds, machine as machine_mod, parity, procs, spec_decode
+from harness.run import accuracy, attest, builds, host_load, machine as machine_mod, parity, procs, spec_decode
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
@@ -262,8 +262,10 @@ class Runner:
         def tick() -> None:
             progress.update(task, completed=max(0.0, _successes(server) - before))
 
+        cpu_before = host_load.read_cpu_times()
         reply = client.run(argv, self.store.log_path(f"{arm.name}-bench.log"),
                            self.plan.scenario.workload.level_timeout_s, on_tick=tick)
+        steal = host_load.steal_share(cpu_before, host_load.read_cpu_times())
         self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
         if not reply["ok"]:
             raise LevelError(f"benchmark failed: {reply['error']}")
@@ -274,6 +276,8 @@ class Runner:
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
+        level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
+        level_row["load_avg_1m"] = host_load.read_load_1m()
         self.store.append_requests(request_rows)
         self.store.append_levels([level_row])
         progress.update(task, completed=total)

@@ -265,6 +265,7 @@ class Manifest(_Record):
     arms: tuple[ArmRecord, ...] = ()
     timing: dict[str, float | None] = Field(default_factory=dict)
     estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
+    imported_from: str | None = None            # the index CSV of ``dsa-bench import`` (None: measured by compare)
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""
@@ -300,6 +301,9 @@ class LevelRow(_Record):
     """One ``levels.csv`` row: vLLM's level result (``vllm bench serve`` JSON) plus what dsa-bench measured around it.
 
     ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds; ``max_concurrent_requests`` is vLLM's.
+    ``host_steal_fraction`` = stolen / all CPU ticks of the host between the level's start and end (0..1) and
+    ``load_avg_1m`` the 1-minute load average at its end (harness.run.host_load; empty in older run directories and
+    where ``/proc`` is absent).
     MTP columns (empty with MTP off): drafts, draft tokens, accepted tokens (counts over the measured window);
     ``acceptance_rate`` = accepted / draft tokens (0..1); ``acceptance_length`` = 1 + accepted / drafts;
     ``acceptance_per_pos`` = per-position rates, ``;``-joined.
@@ -326,6 +330,8 @@ class LevelRow(_Record):
     mean_e2el_ms: float | None = None
     max_concurrent_requests: float | None = None
     client_cpu_util: float | None = None
+    host_steal_fraction: float | None = None   # stolen / all CPU ticks of the host over the level (/proc/stat)
+    load_avg_1m: float | None = None            # the host's 1-minute load average at the level's end (/proc/loadavg)
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
