@@ -388,3 +388,29 @@ def test_an_injected_arm_says_so(run_dir):
         injection={"kind": "step-delay", "params": {"ms": 50.0}}))
     html = render_report(run_dir).read_text(encoding="utf-8")
     assert html.count("injected: step-delay ms=50") == 2  # the arms table and the arm's section
+
+
+POOLED_FAIL = {"metric": "output_throughput", "label": "Output throughput", "concurrency": None, "primary": True,
+               "result": "FAIL", "delta": -25.1, "ci_low": -31.0, "ci_high": -18.7, "delta_pct": -25.1,
+               "ci_low_pct": -31.0, "ci_high_pct": -18.7, "margin": -3.0, "margin_pct": -3.0, "pooled": True,
+               "notes": ["pooled over c=1, 2: geometric mean of the per-level ratios"], "note": ""}
+POOLED_OPEN = {**POOLED_FAIL, "metric": "mean_tpot_ms", "label": "Mean TPOT", "result": None, "delta": 1.0,
+               "delta_pct": 1.0, "ci_low": -2.0, "ci_high": 4.0, "ci_low_pct": -2.0, "ci_high_pct": 4.0, "margin": 3.0,
+               "margin_pct": 3.0}
+
+
+def test_pooled_hypotheses_are_shown_in_the_report_and_the_pr_summary(run_dir):
+    from harness.render import summary
+    from harness.render.output import VerdictView
+    from harness.rundir.schema import VerdictDocument
+
+    verdict = {"overall": "FAIL", "policy": "default", "cells": [], "pooled": [POOLED_FAIL, POOLED_OPEN]}
+    html = render_html(build_context(run_dir, {"verdict": verdict}))
+    assert "verdict-pooled" in parse(html).ids
+    assert "-25.1" in html and "not rejected" in html and "pooled over c=1, 2" in html
+    document = VerdictDocument.model_validate({"run_id": "r", "overall": "FAIL", "exit_code": 1, "reason": "x",
+                                               "pooled": [POOLED_FAIL, POOLED_OPEN]})
+    text = summary.render(VerdictView(document, None, None, run_dir))
+    assert "Pooled over levels" in text
+    assert "Output throughput -25.1 % [-31.0, -18.7] (margin -3 %) ❌ FAIL" in text
+    assert "Mean TPOT +1.0 % [-2.0, +4.0] (margin +3 %) not rejected" in text

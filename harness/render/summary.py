@@ -34,6 +34,7 @@ def render(view: VerdictView) -> str:
                   f"{view.run_dir}`) and gate again."]
         return "\n".join(lines) + "\n"
     lines += _level_table(view)
+    lines += _pooled_lines(document.pooled)
     accuracy = view.cell_map().get(("gsm8k_accuracy", None))
     if accuracy is not None:
         lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
@@ -71,6 +72,22 @@ def _level_table(view: VerdictView) -> list[str]:
         row.append(status_text(min(statuses, key=lambda s: SEVERITY[s])) if statuses else "")
         lines.append("| " + " | ".join(row) + " |")
     return lines + [""]
+
+
+def pooled_result(cell: VerdictCell) -> str:
+    """A pooled hypothesis' outcome: its FAIL, "not rejected" when tested, "not tested" without an estimate."""
+    if cell.result is not None:
+        return status_text(cell.result)
+    return "not rejected" if cell.delta is not None else "not tested"
+
+
+def _pooled_lines(pooled) -> list[str]:
+    """One line: each metric's pooled hypothesis (geometric mean of the per-level ratios), tested first for FAIL."""
+    if not pooled:
+        return []
+    return ["Pooled over levels (geometric mean of the per-level ratios; tested first for FAIL, then the levels "
+            "with Holm): " + "; ".join(f"{c.label} {delta_text(c)} (margin {c.margin:+g} %) {pooled_result(c)}"
+                                      for c in pooled), ""]
 
 
 def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:

@@ -108,6 +108,7 @@ class VerdictDocument(_Open):
     arms: dict[str, str] = Field(default_factory=lambda: {"baseline": "baseline", "candidate": "candidate"})
     cells: tuple[VerdictCell, ...] = ()
     diagnostics: tuple[VerdictCell, ...] = ()
+    pooled: tuple[VerdictCell, ...] = ()       # per metric: the pooled (geometric-mean) hypothesis, FAIL side first
     validity: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
     evaluated: bool = True                      # False: the data could not be read (no figures)
