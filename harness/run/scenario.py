@@ -99,6 +99,8 @@ class ArmSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict)
     vllm: str | None = None   # this arm's vLLM build: a virtualenv's bin/vllm or bin/python (None: this environment's)
     inject: str | None = None  # a calibration injection (dsa_route.inject: topk-random, indexer-rope-flip, step-delay:<ms>)
+    packages_differ: bool = False   # this arm's installed packages are meant to differ from the other arm's (e.g.
+    # its env sets PYTHONPATH to another kernel package); an arm with its own `vllm` declares that already
 
     @field_validator("inject")
     @classmethod

@@ -156,10 +156,21 @@ class StartupRecord(_Record):
     peak_gpu_gib: float | None = None           # GPU memory of the server's processes (nvidia-smi), all GPUs summed
 
 
-class SessionRecord(_Record):
-    """One server session of an arm: its index (0, 1, … per arm), start time, readiness and start-up metrics."""
+class GpuState(_Record):
+    """One GPU as ``nvidia-smi`` saw it just before a session's server started: utilisation (%) and memory (MiB)."""
 
     index: int
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+
+
+class SessionRecord(_Record):
+    """One server session of an arm: its index (0, 1, … per arm), start time, readiness and start-up metrics, and
+    the arm's GPUs just before it started (``gpus_before``; None with ``gpu_note`` saying why where not checked)."""
+
+    index: int
+    gpus_before: tuple[GpuState, ...] | None = None
+    gpu_note: str | None = None
     started_at: str | None = None
     server_start_s: float | None = None
     base_url: str | None = None
@@ -180,7 +191,8 @@ class LevelRecord(_Record):
 class BuildRecord(_Record):
     """The vLLM build an arm's server ran (harness.run.builds): what was declared (None: the harness's own
     environment), its interpreter, distribution and version, VCS commit (PEP 610), SHA-256 of its RECORD file, where
-    it is installed, whether the dsa_route plugin is visible to it, and ``error`` when it could not be read."""
+    it is installed, whether the dsa_route plugin is visible to it, the installed packages (``pip freeze``'s set)
+    with their hash, and ``error`` when it could not be read."""
 
     declared: str | None = None
     python: str | None = None
@@ -190,6 +202,8 @@ class BuildRecord(_Record):
     record_sha256: str | None = None
     location: str | None = None
     plugin: bool | None = None
+    packages: tuple[str, ...] = ()              # every installed distribution, ``name==version`` (pip freeze's set)
+    packages_sha256: str | None = None          # SHA-256 of ``packages`` joined by newlines
     error: str | None = None
 
 
@@ -386,7 +400,7 @@ REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "c
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
-    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "Injection", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR",
+    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "GpuState", "Injection", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR",
     "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest", "PARITY", "PARITY_DIR",
     "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
