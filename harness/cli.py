@@ -1,4 +1,4 @@
-"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``.
+"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``, ``import``.
 
 The CLI builds one scenario object (file + flag overrides) and hands it to one entry point. Bad input ends with a
 one-line error naming the fix and exit code 2, before anything is started.
@@ -317,6 +317,21 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return exit_code(result)
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """Build a run directory from ``vllm bench serve --save-detailed`` JSON files listed in an index CSV."""
+    from harness.run.importer import ImportInputError, import_run
+
+    try:
+        out = import_run(Path(args.index_csv), Path(args.out))
+    except ImportInputError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot write {args.out} ({error.strerror or error}); pass a writable --out") from None
+    print(f"imported into {out}: not attested (gate it with a policy that says require_attestation = false, "
+          f"e.g. dsa-bench gate {out} --policy FILE)")
+    return 0
+
+
 class _OneLineErrors(argparse.ArgumentParser):
     """argparse with a one-line usage error (``prog: error: … (see prog --help)``, exit 2) instead of the usage block."""
 
@@ -354,6 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("run_dir")
     gate.add_argument("--policy", help="TOML file with the [gate] policy fields")
     gate.set_defaults(func=cmd_gate)
+    imported = sub.add_parser(
+        "import", allow_abbrev=False,
+        help="build a run directory from `vllm bench serve --save-detailed` JSON files listed in an index CSV")
+    imported.add_argument("index_csv", help="CSV with columns arm, session, concurrency, path (relative to the CSV's "
+                                            "folder) and optional round")
+    imported.add_argument("--out", required=True, help="the new run directory (must not exist or be empty)")
+    imported.set_defaults(func=cmd_import)
     return parser
 
 

@@ -1,0 +1,197 @@
+"""``dsa-bench import``: a run directory from ``vllm bench serve --save-result --save-detailed`` JSON files made by
+other tooling, so ``dsa-bench gate`` and ``dsa-bench report`` can judge them.
+
+The index CSV lists one JSON per row: ``arm`` (``baseline`` | ``candidate``), ``session`` (the server session the
+level was measured in: the unit of replication; the same number in both arms pairs them), ``concurrency``, ``path``
+(relative to the CSV's folder) and, optional, ``round`` (a pass over the levels inside the session; default 0).
+Every file is parsed by the runner's own parser (:func:`harness.run.load.parse_bench_result`) and copied to
+``raw/``. The run directory's round numbers are global (one per (session, round) pair of the index, in sorted
+order, the same in both arms), since a level of an arm is keyed by (concurrency, round).
+
+No server was watched, so the execution path is not attested: the manifest says so (``imported_from``, each arm's
+``attestation.note``), and the gate calls every cell INVALID unless the policy says ``require_attestation = false``.
+Bad input raises :class:`ImportInputError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.run import spec_decode
+from harness.run.load import parse_bench_result, read_bench_json
+from harness.run.start import now
+from harness.rundir import schema
+from harness.rundir.schema import LevelKey
+from harness.rundir.store import RunDir
+
+__all__ = ["ImportInputError", "IndexEntry", "NOT_ATTESTED", "import_run", "read_index"]
+
+REQUIRED_COLUMNS = ("arm", "session", "concurrency", "path")
+ROLES = ("baseline", "candidate")
+NOT_ATTESTED = ("not available: imported from vllm bench serve JSON (dsa-bench import); no server log was read, so "
+                "the model runner, compilation mode and CUDA-graph mode are unknown")
+
+
+class ImportInputError(ValueError):
+    """Bad ``dsa-bench import`` input; ``str(error)`` is one line naming the fix (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One row of the index CSV (``line``: its line number in the file, for messages; ``path`` resolved)."""
+
+    arm: str
+    session: int
+    concurrency: int
+    round: int
+    path: Path
+    line: int
+
+
+def _whole(text: str | None, column: str, where: str, minimum: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ImportInputError(f"{where}: {column} {text!r} is not a whole number; write e.g. 0") from None
+    if value < minimum:
+        raise ImportInputError(f"{where}: {column} {value} is below {minimum}; fix the index")
+    return value
+
+
+def read_index(index_csv: Path) -> list[IndexEntry]:
+    """The index CSV's rows, checked: columns, arms, numbers, files that exist, no duplicate key, both arms present.
+
+    Raises:
+        ImportInputError: names the file, line and fix.
+    """
+    try:
+        with index_csv.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            columns = [c.strip() for c in reader.fieldnames or []]
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ImportInputError(f"{index_csv}: cannot read the index CSV ({error}); pass a readable UTF-8 CSV") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise ImportInputError(f"{index_csv}: missing columns {missing}; the index needs arm, session, concurrency, "
+                               "path (and optional round)")
+    if not rows:
+        raise ImportInputError(f"{index_csv}: no rows; list one bench JSON per row")
+    entries, seen = [], {}
+    for number, raw in enumerate(rows, start=2):
+        row = {str(k).strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+        where = f"{index_csv}:{number}"
+        if row["arm"] not in ROLES:
+            raise ImportInputError(f"{where}: arm {row['arm']!r} is unknown; use baseline or candidate")
+        path = (index_csv.parent / row["path"]).resolve()
+        if not row["path"] or not path.is_file():
+            raise ImportInputError(f"{where}: {row['path'] or '(empty path)'} is not a file (paths are relative to "
+                                   f"{index_csv.parent}); fix the path")
+        entry = IndexEntry(row["arm"], _whole(row["session"], "session", where, 0),
+                           _whole(row["concurrency"], "concurrency", where, 1),
+                           _whole(row.get("round") or "0", "round", where, 0), path, number)
+        key = (entry.arm, entry.session, entry.concurrency, entry.round)
+        if key in seen:
+            raise ImportInputError(f"{where}: arm {entry.arm} session {entry.session} concurrency {entry.concurrency} "
+                                   f"round {entry.round} is already on line {seen[key]}; give each level once")
+        seen[key] = number
+        entries.append(entry)
+    absent = [role for role in ROLES if all(e.arm != role for e in entries)]
+    if absent:
+        raise ImportInputError(f"{index_csv}: no {absent[0]} rows; list both arms' bench JSON files")
+    return entries
+
+
+def _global_rounds(entries: list[IndexEntry]) -> dict[tuple[int, int], int]:
+    """(session, round) → the run directory's round: their rank over the whole index (the same in both arms)."""
+    return {pair: index for index, pair in enumerate(sorted({(e.session, e.round) for e in entries}))}
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    entry: IndexEntry
+    key: LevelKey
+    level: dict[str, Any]
+    requests: list[dict[str, Any]]
+
+
+def _parse(entries: list[IndexEntry]) -> list[_Parsed]:
+    """Every entry through the runner's parser (MTP counters where the JSON has them).
+
+    Raises:
+        ImportInputError: a file is not a detailed bench result (names the file and line).
+    """
+    rounds = _global_rounds(entries)
+    parsed = []
+    for entry in entries:
+        round_ = rounds[(entry.session, entry.round)]
+        try:
+            data = read_bench_json(entry.path)
+            if not isinstance(data, dict):
+                raise ValueError(f"{entry.path}: not a JSON object")
+            level, requests = parse_bench_result(data, entry.arm, entry.concurrency, round_, entry.session)
+        except (ValueError, TypeError) as error:
+            raise ImportInputError(f"line {entry.line}: {error}; pass `vllm bench serve --save-result "
+                                   f"--save-detailed` output") from None
+        mtp_on = any(key.startswith("spec_decode_") for key in data)
+        level.update(spec_decode.level_fields(spec_decode.from_bench_result(data, mtp_on)))
+        parsed.append(_Parsed(entry, LevelKey(entry.concurrency, round_), level, requests))
+    return parsed
+
+
+def _manifest(out: Path, index_csv: Path, parsed: list[_Parsed]) -> dict[str, Any]:
+    arms = []
+    for role in ROLES:
+        mine = [p for p in parsed if p.entry.arm == role]
+        arms.append({
+            "name": role, "route": role, "description": f"imported from {index_csv.name}",
+            "server_command": None, "bench_command": None,
+            "attestation": {"valid": None, "not_checked": ["execution path"], "note": NOT_ATTESTED},
+            "sessions": [{"index": s} for s in sorted({p.entry.session for p in mine})],
+            "levels": {str(p.key): {"status": "done", "session": p.entry.session,
+                                    "raw": f"{schema.RAW_DIR}/{p.key.raw_name(role)}"} for p in mine},
+        })
+    return {
+        "schema_version": schema.SCHEMA_VERSION, "run_id": out.name, "status": "done", "started_at": now(),
+        "ended_at": now(), "scenario_name": "imported", "imported_from": str(index_csv.resolve()),
+        "scenario": {"name": "imported", "workload": {"concurrency": sorted({p.key.concurrency for p in parsed})}},
+        "notes": [f"imported by dsa-bench import from {index_csv}: measured by other tooling, execution path not "
+                  "attested"],
+        "schedule": [[p.entry.arm, p.key.concurrency, p.key.round] for p in parsed], "arms": arms,
+    }
+
+
+def import_run(index_csv: Path, out: Path) -> Path:
+    """Build the run directory ``out`` from the index CSV ``index_csv``; returns ``out``.
+
+    Raises:
+        ImportInputError: bad index, bad file, or ``out`` exists and is not an empty directory (nothing written).
+        OSError: ``out`` could not be written (whatever was written is removed).
+    """
+    index_csv, out = Path(index_csv), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ImportInputError(f"--out {out} exists and is not an empty directory; pass a new directory")
+    parsed = _parse(read_index(index_csv))
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        store = RunDir(out)
+        for item in parsed:
+            target = store.raw_path(item.entry.arm, item.key)
+            target.parent.mkdir(exist_ok=True)
+            shutil.copyfile(item.entry.path, target)
+        store.append_levels([p.level for p in parsed])
+        store.append_requests([row for p in parsed for row in p.requests])
+        store.write_manifest(_manifest(out, index_csv, parsed))
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        raise
+    return out

@@ -1,0 +1,151 @@
+"""``dsa-bench import``: a run directory from `vllm bench serve --save-detailed` JSON files listed in an index CSV.
+
+The round trip uses a real ``dsa-bench compare`` run directory with its raw JSON (``tests/fixtures/compare_run``):
+imported, its throughput and latency cells equal the original's under a policy with those metrics primary and
+``require_attestation = false``."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.gate import run_gate
+from harness.judge.policy import GatePolicy, Status
+from harness.render import render_report
+from harness.rundir.store import RunDir
+
+FIXTURE = Path(__file__).parent / "fixtures" / "compare_run"
+PERF = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "mean_e2el_ms")
+NOT_ATTESTED_OK = GatePolicy(primary=PERF, min_sessions=3, require_attestation=False)
+COMPARED = ("metric", "concurrency", "result", "baseline", "candidate", "ratio", "delta", "ci_low", "ci_high",
+            "p_pass", "p_fail", "repeats", "reasons")
+
+
+def _write_index(folder: Path, rows: list[dict], columns=("arm", "session", "concurrency", "round", "path")) -> Path:
+    path = folder / "index.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _rows_of_original(folder: Path) -> list[dict]:
+    """One index row per level of the original run: its session and round, its raw JSON copied under ``folder``."""
+    manifest = RunDir(FIXTURE).manifest()
+    shutil.copytree(FIXTURE / "raw", folder / "bench")
+    rows = []
+    for arm in manifest.arms:
+        for key, level in arm.level_items():
+            rows.append({"arm": arm.name, "session": level.session, "concurrency": key.concurrency,
+                         "round": 0, "path": f"bench/{Path(level.raw).name}"})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    target = tmp_path_factory.mktemp("original") / "run"
+    shutil.copytree(FIXTURE, target)
+    return run_gate(target, NOT_ATTESTED_OK, write=False)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("import")
+    index = _write_index(folder, _rows_of_original(folder))
+    assert main(["import", str(index), "--out", str(folder / "run")]) == 0
+    return folder / "run"
+
+
+def _cells(result):
+    cells = result.document["cells"] + result.document["pooled"]
+    return [{key: cell[key] for key in COMPARED} for cell in cells]
+
+
+def test_round_trip_gives_the_same_throughput_and_latency_cells(original, imported):
+    again = run_gate(imported, NOT_ATTESTED_OK, write=False)
+    assert _cells(again) == _cells(original)
+    assert again.status == original.status
+    tested = [c for c in original.verdict.primary if c.ci_low is not None]
+    assert len(tested) >= 4                   # the fixture's sessions give real intervals, not just "no data"
+
+
+def test_imported_run_is_marked_and_refused_without_the_policy_key(imported):
+    manifest = RunDir(imported).manifest()
+    assert manifest.imported_from and all(arm.attestation.valid is None for arm in manifest.arms)
+    assert all("not available" in arm.attestation.note for arm in manifest.arms)
+    strict = run_gate(imported, GatePolicy(primary=PERF, min_sessions=3), write=False)
+    assert strict.status == Status.INVALID
+    assert all("not attested" in c.note() and "require_attestation = false" in c.note()
+               for c in strict.verdict.primary)
+
+
+def test_report_works_on_an_imported_directory(imported, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(imported, copy)
+    run_gate(copy, NOT_ATTESTED_OK)
+    html = render_report(copy).read_text(encoding="utf-8")
+    assert "Imported, not attested" in html
+    assert "compares a path with itself" not in html
+
+
+def test_sessions_without_round_column_become_rounds(tmp_path):
+    """No ``round`` column: round 0 within each session; the run directory numbers (session, round) pairs."""
+    rows = _rows_of_original(tmp_path)
+    index = _write_index(tmp_path, rows, columns=("arm", "session", "concurrency", "path"))
+    assert main(["import", str(index), "--out", str(tmp_path / "run")]) == 0
+    levels = RunDir(tmp_path / "run").levels()
+    assert sorted(set(zip(levels["session"], levels["round"]))) == [(0, 0), (1, 1), (2, 2)]
+    assert sorted((tmp_path / "run" / "raw").iterdir())[0].name == "baseline-c1-r0.json"
+
+
+def _bad_json(folder, rows):
+    (folder / "bench" / "broken.json").write_text("{not json")
+    rows[0]["path"] = "bench/broken.json"
+
+
+def _not_detailed(folder, rows):
+    data = json.loads((folder / rows[0]["path"]).read_text())
+    del data["ttfts"]
+    (folder / "bench" / "short.json").write_text(json.dumps(data))
+    rows[0]["path"] = "bench/short.json"
+
+
+BAD_INPUTS = {
+    "missing column": (lambda folder, rows: [row.pop("session") for row in rows], "missing columns ['session']"),
+    "unknown arm": (lambda folder, rows: rows[0].update(arm="treatment"), "use baseline or candidate"),
+    "missing file": (lambda folder, rows: rows[0].update(path="bench/nope.json"), "is not a file"),
+    "duplicate": (lambda folder, rows: rows.append(dict(rows[0])), "give each level once"),
+    "bad number": (lambda folder, rows: rows[0].update(concurrency="four"), "not a whole number"),
+    "bad JSON": (_bad_json, "unreadable benchmark JSON"),
+    "not detailed": (_not_detailed, "--save-detailed"),
+    "one arm only": (lambda folder, rows: rows.__setitem__(slice(None), [r for r in rows if r["arm"] == "baseline"]),
+                     "no candidate rows"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, name):
+    mutate, fragment = BAD_INPUTS[name]
+    rows = _rows_of_original(tmp_path)
+    mutate(tmp_path, rows)
+    columns = [c for c in ("arm", "session", "concurrency", "round", "path") if c in rows[0]]
+    index = _write_index(tmp_path, rows, columns=columns)
+    out = tmp_path / "run"
+    assert main(["import", str(index), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_existing_non_empty_out_is_refused(tmp_path, capsys):
+    index = _write_index(tmp_path, _rows_of_original(tmp_path))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["import", str(index), "--out", str(out)]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
