@@ -112,3 +112,15 @@ def test_idle_gpus_pass_and_missing_readings_are_said(run4):
     assert not [f for f in idle.validity.failures if f["check"] == "gpus_busy"]
     plain = verdict.evaluate(*aa.typed(run4), None, POLICY, diagnostics=False)
     assert any("idle GPUs" in n for n in plain.notes)
+
+
+def test_before_session_reads_the_arms_gpus_or_says_why_not(tmp_path, monkeypatch):
+    from harness.run.gpu_idle import before_session
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert before_session({})["note"].startswith("nvidia-smi not found")
+    fake = tmp_path / "nvidia-smi"          # a stand-in printing a recorded query answer
+    fake.write_text(f"#!/bin/sh\nprintf '{NVIDIA_SMI}'\n")
+    fake.chmod(0o755)
+    reading = before_session({"CUDA_VISIBLE_DEVICES": "1,2"})
+    assert reading["note"] is None and [g["index"] for g in reading["gpus"]] == [1, 2]
