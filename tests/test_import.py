@@ -90,6 +90,7 @@ def test_report_works_on_an_imported_directory(imported, tmp_path):
     html = render_report(copy).read_text(encoding="utf-8")
     assert "Imported, not attested" in html
     assert "compares a path with itself" not in html
+    assert "Imported, not attested" in (copy / "summary.md").read_text(encoding="utf-8")
 
 
 def test_sessions_without_round_column_become_rounds(tmp_path):

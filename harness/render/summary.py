@@ -29,6 +29,9 @@ def render(view: VerdictView) -> str:
     if manifest is not None and manifest.platform.device:
         head += f" · {manifest.platform.name} ({manifest.platform.device})"
     lines += [head, "", f"> {document.reason}", ""]
+    if manifest is not None and manifest.imported_from:
+        lines += ["Imported, not attested: measured by other tooling (`dsa-bench import`); neither arm's execution "
+                  "path was observed.", ""]
     if not document.evaluated:
         lines += ["No figures: the run's data could not be read. Fix or re-run it (`dsa-bench compare --resume "
                   f"{view.run_dir}`) and gate again."]
