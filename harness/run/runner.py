@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
-from harness.run import accuracy, attest, builds, gpu_idle, host_load, machine as machine_mod, parity, procs, spec_decode
+from harness.run import (accuracy, attest, builds, gpu_idle, host_load, machine as machine_mod, parity, procs,
+                         spec_decode)
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest

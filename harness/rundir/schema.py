@@ -400,8 +400,8 @@ REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "c
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
-    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "GpuState", "Injection", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR",
-    "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest", "PARITY", "PARITY_DIR",
+    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "GpuState", "Injection", "LEVELS", "LEVEL_COLUMNS",
+    "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest", "PARITY", "PARITY_DIR",
     "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
