@@ -26,6 +26,8 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
              delta_pct, ci_low_pct, ci_high_pct, margin_pct (null for GSM8K),
              (GSM8K) delta_pts, ci_low_pts, ci_high_pts, margin_pts, mcnemar {...}, accuracy {...}} ],
     diagnostics [ same keys, primary false, result null: non-primary metrics, unadjusted 95 % interval ],
+    pooled [ same keys, pooled true, concurrency null: per primary metric with several levels, the geometric mean
+             of the per-level ratios; result "FAIL" or null (not rejected / not tested) ],
     gsm8k: null | {arms [{arm, filter, accuracy_pct, stderr_pct, n}], paired [{filter, difference_pts,
                    baseline_only, candidate_only, p_value}]}        # the HTML report's GSM8K section shape
     validity {failures [{arm, concurrency, round, check, detail}], not_checked [str]},
