@@ -54,7 +54,7 @@ class Runner:
         self.options = options
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
-        self.server_round: dict[str, int] = {}   # the round (block) each running local server was started for
+        self.server_round: dict[str, int] = {}   # the session block each running local server was started for
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0}
@@ -170,9 +170,9 @@ class Runner:
         self._save()
         return server
 
-    def _server_for(self, arm: ArmPlan, round_: int) -> VllmServer | RemoteServer | None:
-        """The arm's server for a level of round ``round_``. Sequential servers: a fresh server session per block
-        (arm × round), so sessions, the unit of replication, are independent even where ABBA puts one arm's two
+    def _server_for(self, arm: ArmPlan, block: int) -> VllmServer | RemoteServer | None:
+        """The arm's server for a level of session block ``block`` (:meth:`Plan.block_of`). Sequential servers: a
+        fresh server session per block (arm × block of rounds), so sessions, the unit of replication, are independent even where ABBA puts one arm's two
         blocks back to back. Concurrent servers: one session per arm for the whole run."""
         if self.options.base_urls:
             if arm.name not in self.servers and arm.name not in self.dead_arms:
@@ -184,7 +184,7 @@ class Runner:
                     self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             return self.servers.get(arm.name)
         if not self.plan.scenario.serve.concurrent_servers:
-            for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != round_]:
+            for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != block]:
                 self.servers.pop(name).stop()
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
@@ -194,7 +194,7 @@ class Runner:
             return None
         try:
             self.servers[arm.name] = self._start_server(arm)
-            self.server_round[arm.name] = round_
+            self.server_round[arm.name] = block
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
             first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
@@ -308,7 +308,7 @@ class Runner:
                         entry["status"] = f"skipped: {self.dead_arms[name]}"
                         self._save()
                         continue
-                    server = self._server_for(arms[name], repeat)
+                    server = self._server_for(arms[name], self.plan.block_of(repeat))
                     if server is None:
                         entry["status"] = f"failed: {self.dead_arms[name]}"
                         self._save()

@@ -119,7 +119,11 @@ class ArmSpec(_Frozen):
 class WorkloadSpec(_Frozen):
     """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
 
-    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``.
+    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``. ``repeats`` server sessions
+    per arm under sequential servers (one each under concurrent servers), each measuring ``rounds_per_session``
+    rounds over all levels: ``repeats × rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
+    round's levels in an order drawn from ``seed`` and the round (many short rounds in randomised order: Abedi &
+    Brecht 2017, "Conducting repeatable experiments in highly variable cloud computing environments", ICPE).
     """
 
     concurrency: tuple[int, ...]
@@ -130,6 +134,8 @@ class WorkloadSpec(_Frozen):
     warmups: int = Field(default=2, ge=0)
     seed: int = 0
     repeats: int = Field(default=1, ge=1)
+    rounds_per_session: int = Field(default=1, ge=1)
+    level_order: Literal["sorted", "shuffled"] = "sorted"
     level_timeout_s: float = Field(default=1800.0, gt=0)
 
     @field_validator("concurrency")
