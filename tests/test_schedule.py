@@ -70,3 +70,40 @@ def test_concurrent_servers_alternate_arms_per_level_over_all_rounds():
         update={"concurrent_servers": True})}), plan.machine, plan.arms)
     assert schedule(plan) == [("baseline", 1, 0), ("candidate", 1, 0), ("candidate", 4, 0), ("baseline", 4, 0),
                               ("baseline", 1, 1), ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 4, 1)]
+
+
+class _StubServer:
+    """A started server as far as :meth:`Runner._server_for` looks at one."""
+
+    def __init__(self):
+        self.stopped = False
+
+    def alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its_block(tmp_path, monkeypatch):
+    from harness.run import runner as runner_mod
+
+    plan = _plan(repeats=3, rounds_per_session=4, concurrency=[1, 4])
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
+    started = []
+
+    def start(arm):
+        run._new_session(run.arms[arm.name], 1.0, "http://127.0.0.1:1")
+        started.append(arm.name)
+        return _StubServer()
+
+    monkeypatch.setattr(run, "_start_server", start)
+    monkeypatch.setattr(run, "_parity", lambda *_: None)
+    arms = {arm.name: arm for arm in plan.arms}
+    session_of = {}
+    for name, concurrency, round_ in schedule(plan):
+        assert run._server_for(arms[name], plan.block_of(round_)) is not None
+        assert list(run.servers) == [name]   # sequential: the other arm's server is down
+        session_of[(name, concurrency, round_)] = run._session(name)
+    assert started == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    assert session_of == {key: plan.block_of(key[2]) for key in session_of}
