@@ -107,3 +107,23 @@ def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its
         session_of[(name, concurrency, round_)] = run._session(name)
     assert started == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
     assert session_of == {key: plan.block_of(key[2]) for key in session_of}
+
+
+def test_validity_plans_repeats_times_rounds_per_session_rounds():
+    import pandas as pd
+
+    from harness.judge.policy import GatePolicy
+    from harness.judge.validity import check_validity
+    from harness.rundir.schema import REQUEST_COLUMNS, Manifest
+
+    manifest = Manifest.model_validate({"run_id": "t", "status": "done",
+                                        "scenario": {"workload": {"repeats": 2, "rounds_per_session": 3}},
+                                        "arms": [{"name": "baseline", "route": "baseline"},
+                                                 {"name": "candidate", "route": "candidate"}]})
+    rows = [{"arm": arm, "session": r // 3, "round": r, "concurrency": 1, "completed": 8, "failed": 0,
+             "output_throughput": 100.0} for arm in ("baseline", "candidate") for r in range(6)]
+    policy = GatePolicy(primary=("output_throughput",), require_attestation=False)
+    report = check_validity(manifest, pd.DataFrame(rows), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
+    assert report.done[("baseline", 1)] == set(range(6)) and not report.reasons
+    short = check_validity(manifest, pd.DataFrame(rows[:-1]), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
+    assert [r for r, _ in short.reasons[("candidate", 1)]] == [5]

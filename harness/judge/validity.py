@@ -132,7 +132,8 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     concurrency = manifest.scenario_value("workload", "concurrency")
     planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
     repeats = manifest.scenario_value("workload", "repeats")
-    planned_repeats = int(repeats) if finite_float(repeats) else None
+    per_session = finite_float(manifest.scenario_value("workload", "rounds_per_session")) or 1
+    planned_repeats = int(repeats) * int(per_session) if finite_float(repeats) else None   # rounds in all
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}
     for role, arm in report.arms.items():
