@@ -198,6 +198,19 @@ class Scenario(_Frozen):
         return self
 
     @model_validator(mode="after")
+    def _sequential_blocks(self) -> "Scenario":
+        most = self.gate.max_sessions
+        if most is None:
+            return self
+        if self.serve.concurrent_servers:
+            raise ValueError(f"gate.max_sessions = {most} makes the run sequential over server sessions, which needs "
+                             "serve.concurrent_servers = false (a fresh server per arm and block)")
+        if self.workload.repeats != most:
+            raise ValueError(f"gate.max_sessions = {most} is the most session blocks the run may take: set "
+                             f"workload.repeats = {most} too (--max-sessions sets both)")
+        return self
+
+    @model_validator(mode="after")
     def _requests_fit(self) -> "Scenario":
         need = self.workload.input_len + self.workload.output_len
         if need > self.model.max_model_len:
