@@ -80,6 +80,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
+    overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
     if args.max_sessions is not None:
         overrides["gate.max_sessions"] = overrides["workload.repeats"] = args.max_sessions
     if args.no_mtp:
@@ -230,6 +231,11 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run both arms and write the run directory and report. Exit 0 when every level is done, 1 otherwise."""
+    return run_compare(args)[0]
+
+
+def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
+    """:func:`cmd_compare`'s work: (its exit code, the run directory)."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -247,7 +253,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         # a finished run: nothing to re-run, and its timing stays as measured
         Console(stderr=True).print(f"nothing to resume: {args.resume} is complete; its report and verdict stand "
                                    f"(dsa-bench report / gate {args.resume})")
-        return 0
+        return 0, Path(args.resume)
     if args.resume:
         plan, run_dir, stored = _resume_plan(args)
     else:
@@ -272,7 +278,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"[red]interrupted[/]: finished levels are in {run_dir}")
         console.print(f"to run the rest: dsa-bench compare --resume {run_dir}")
         _conclude(run_dir, console)
-        return 130
+        return 130, run_dir
     gate_code = _conclude(run_dir, console)
     timing = manifest["timing"]
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
@@ -281,8 +287,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         low, high = manifest["estimate"]["wall_s"]
         console.print(f"the plan estimated {low:.0f}–{high:.0f} s (manifest estimate vs timing)")
     if args.gate:
-        return gate_code
-    return 0 if manifest["status"] == "done" else 1
+        return gate_code, run_dir
+    return (0 if manifest["status"] == "done" else 1), run_dir
 
 
 def _conclude(run_dir: Path, console) -> int:
@@ -376,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("run_dir")
     gate.add_argument("--policy", help="TOML file with the [gate] policy fields")
     gate.set_defaults(func=cmd_gate)
+    from harness.calibrate import add_parser as add_calibrate
+
+    calibrate = add_calibrate(sub)
+    _add_scenario_flags(calibrate)
+    calibrate.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
+    calibrate.add_argument("--budget", type=_duration, metavar="TIME", help="each run's budget, e.g. 12m")
     return parser
 
 
