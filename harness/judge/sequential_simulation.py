@@ -9,7 +9,7 @@ look counts, so the A/A rate is the design's real family-wise error under repeat
 :func:`shrink_noise` keeps the recording's noise *shape* (which rounds and sessions stalled, the tails) and scales its
 *size*: every level row's deviation of log throughput from the pool's mean at its level is multiplied by
 ``target / pair`` (``pair``: the recorded paired-block sd, :func:`~harness.judge.session_simulation.noise`), its
-latencies by the inverse factor — the CPU recording at a GPU's spread (e.g. 2 %).
+times (latencies, request start offsets, duration) by the inverse factor — the CPU recording at a GPU's spread (e.g. 2 %).
 
 Pure apart from :func:`main` (``python -m harness.judge.sequential_simulation --recording DIR``), which prints.
 """
@@ -81,7 +81,7 @@ def shrink_noise(pool: SessionPool, target: float, column: str = "output_through
 
     A level row ``(concurrency c, round r)`` of value ``x`` gets the factor ``f = exp((s_c − 1)(log x − μ_c))``
     (``μ_c``: the pool's mean log value at ``c``, ``s_c = target / pair_c``) on its throughputs and ``1 / f`` on its
-    latencies and on its requests' latencies. Raises ValueError when a level's recorded paired sd is not positive."""
+    times and its requests' times (so the achieved concurrency, Σ E2EL / span, is unchanged). Raises ValueError when a level's recorded paired sd is not positive."""
     scale = {row.concurrency: target / row.pair for row in noise(pool, column)}
     if any(not math.isfinite(s) or s <= 0 for s in scale.values()):
         raise ValueError(f"recorded paired sd must be positive at every level to scale it, got {scale}")
@@ -98,12 +98,12 @@ def _shrunk(levels: pd.DataFrame, requests: pd.DataFrame, scale: dict[int, float
                       for c, x in zip(levels["concurrency"], levels[column])])
     for name in THROUGHPUT_COLUMNS:
         levels[name] = levels[name] * factors
-    for name in LATENCY_LEVEL_COLUMNS:
+    for name in (*LATENCY_LEVEL_COLUMNS, "duration_s"):
         if name in levels.columns:
             levels[name] = levels[name] / factors
     by_round = {(int(c), int(r)): f for c, r, f in zip(levels["concurrency"], levels["round"], factors)}
     request_factor = [by_round.get((int(c), int(r)), 1.0) for c, r in zip(requests["concurrency"], requests["round"])]
-    for name in LATENCY_REQUEST_COLUMNS:
+    for name in (*LATENCY_REQUEST_COLUMNS, "start_s"):          # all of a round's times: its concurrency holds
         if name in requests.columns:
             requests[name] = requests[name] / np.asarray(request_factor)
     return {"levels": levels, "requests": requests}
