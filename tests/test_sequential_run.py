@@ -13,6 +13,7 @@ import pytest
 
 from harness import gate
 from harness.judge.policy import Status
+from harness.render import render_report
 from harness.run import plan as plan_mod
 from harness.run import runner as runner_mod
 from harness.run.models import locate
@@ -78,9 +79,13 @@ def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch):
     assert statuses.count("done") == 2 * 2 * 3          # 2 arms × 2 levels × 3 sessions (the first look)
     assert all(s == "done" or s.startswith(schema.STOPPED) for s in statuses)
     assert manifest["status"] == "done" and "FAIL" in manifest["stopped"]["reason"]
-    result = gate.run_gate(tmp_path / "run", write=False)
+    result = gate.run_gate(tmp_path / "run")
     assert result.status == Status.FAIL
     assert any("look at 3 session" in note for note in result.verdict.notes)
+    assert any("stopped before its last planned" in note for note in result.verdict.notes)
+    render_report(tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert "group-sequential" in page and "sequential stop: FAIL" in page
 
 
 def test_an_aa_run_is_never_stopped_by_fail_and_uses_the_whole_design(tmp_path, monkeypatch):

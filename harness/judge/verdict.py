@@ -396,6 +396,8 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
     status, reason = overall(results)
     notes = [] if look is None else [look.describe()]
+    if manifest.stopped is not None:
+        notes.append(f"the run stopped before its last planned session block — {manifest.stopped.reason}")
     run_status = manifest.status
     if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")
