@@ -30,6 +30,19 @@ def _levels(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
 
 
+def _duration(text: str) -> float:
+    """``"90s"``, ``"12m"``, ``"3h"`` (or plain seconds) → seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration, e.g. 90s, 12m or 3h") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a budget must be positive, e.g. 12m")
+    return seconds
+
+
 def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scenario and overrides (flags override the scenario file)")
     group.add_argument("--scenario", help="scenario name in scenarios/ or a TOML path "
@@ -43,6 +56,9 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
     group.add_argument("--repeats", type=int, help="sweeps per arm (workload.repeats)")
+    group.add_argument("--max-sessions", type=int, metavar="N",
+                       help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
+                            "arm (gate.max_sessions and workload.repeats)")
     group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
     group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
     group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
@@ -64,6 +80,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
+    overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
+    if args.max_sessions is not None:
+        overrides["gate.max_sessions"] = overrides["workload.repeats"] = args.max_sessions
     if args.no_mtp:
         overrides["mtp.num_speculative_tokens"] = 0
     if args.no_gsm8k:
@@ -212,6 +231,11 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run both arms and write the run directory and report. Exit 0 when every level is done, 1 otherwise."""
+    return run_compare(args)[0]
+
+
+def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
+    """:func:`cmd_compare`'s work: (its exit code, the run directory)."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -223,12 +247,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from harness.rundir import store
 
-    options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
+    options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args),
+                         budget_s=args.budget)
     if args.resume and store.RunDir(Path(args.resume)).manifest().status == "done":
         # a finished run: nothing to re-run, and its timing stays as measured
         Console(stderr=True).print(f"nothing to resume: {args.resume} is complete; its report and verdict stand "
                                    f"(dsa-bench report / gate {args.resume})")
-        return 0
+        return 0, Path(args.resume)
     if args.resume:
         plan, run_dir, stored = _resume_plan(args)
     else:
@@ -253,7 +278,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         console.print(f"[red]interrupted[/]: finished levels are in {run_dir}")
         console.print(f"to run the rest: dsa-bench compare --resume {run_dir}")
         _conclude(run_dir, console)
-        return 130
+        return 130, run_dir
     gate_code = _conclude(run_dir, console)
     timing = manifest["timing"]
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
@@ -262,8 +287,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         low, high = manifest["estimate"]["wall_s"]
         console.print(f"the plan estimated {low:.0f}–{high:.0f} s (manifest estimate vs timing)")
     if args.gate:
-        return gate_code
-    return 0 if manifest["status"] == "done" else 1
+        return gate_code, run_dir
+    return (0 if manifest["status"] == "done" else 1), run_dir
 
 
 def _conclude(run_dir: Path, console) -> int:
@@ -348,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_flags(compare)
     compare.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
     compare.add_argument("--continue-on-error", action="store_true", help="record a failed level and go on")
+    compare.add_argument("--budget", type=_duration, metavar="TIME",
+                         help="wall-clock budget for the measurements, e.g. 12m or 3h: no session block starts that "
+                              "would end past it (with --max-sessions the run also stops at PASS or FAIL)")
     compare.add_argument("--gate", action="store_true", help="run the gate at the end and exit with its code")
     compare.add_argument("--resume", metavar="RUN_DIR", help="re-run only the levels of RUN_DIR that are not done")
     compare.add_argument("--base-url-baseline", metavar="URL", help="benchmark an already running baseline server")
@@ -376,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
                                             "folder) and optional round")
     imported.add_argument("--out", required=True, help="the new run directory (must not exist or be empty)")
     imported.set_defaults(func=cmd_import)
+    from harness.calibrate import add_parser as add_calibrate
+
+    calibrate = add_calibrate(sub)
+    _add_scenario_flags(calibrate)
+    calibrate.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
+    calibrate.add_argument("--budget", type=_duration, metavar="TIME", help="each run's budget, e.g. 12m")
     return parser
 
 

@@ -50,12 +50,12 @@ from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
 from harness.render import dashboard, summary, terminal
 from harness.render.output import VerdictView
-from harness.rundir.schema import EXIT_CODES, PYTORCH_JSON, SUMMARY, VERDICT, Manifest, VerdictDocument
+from harness.rundir.schema import EXIT_CODES, PYTORCH_JSON, STOPPED, SUMMARY, VERDICT, Manifest, VerdictDocument
 from harness.rundir.store import RunDir, RunDirError, SchemaError, json_text
 
 __all__ = [
     "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "EXIT_CODES",
-    "PolicyError", "GateResult", "exit_code", "load_policy", "run_gate", "print_gate",
+    "PolicyError", "GateResult", "exit_code", "load_policy", "look", "run_gate", "print_gate",
 ]
 
 VERDICT_SCHEMA_VERSION = 1
@@ -144,6 +144,31 @@ def _read_tables(store: RunDir, policy: GatePolicy):
     """levels, requests and accuracy frames with numeric keys; RunDirError names the broken file."""
     metric_columns = tuple(METRICS[n].column for n in policy.primary if METRICS[n].source == "level")
     return store.levels(required=metric_columns, numeric=True), store.requests(numeric=True), store.accuracy()
+
+
+def look(run_dir: Path) -> Verdict | None:
+    """A sequential run's look at the session blocks finished so far (None: the manifest's policy is the fixed
+    design, or the data cannot be read yet).
+
+    The levels not yet run count as not planned (``stopped``), and accuracy — tested once, by the final gate — is left
+    out, so the verdict is that of the session-replicated cells at this look's α (:mod:`harness.judge.sequential`).
+    """
+    store = RunDir(Path(run_dir))
+    try:
+        manifest = store.manifest()
+        policy, _ = _policy_from_manifest(manifest)
+        if policy.max_sessions is None:
+            return None
+        policy = policy.without(*(name for name in policy.primary if METRICS[name].source == "accuracy"))
+        levels, requests, _ = _read_tables(store, policy)
+    except (RunDirError, PolicyError, ValueError):
+        return None
+    data = manifest.model_dump(mode="json")
+    for arm in data["arms"]:
+        for level in arm["levels"].values():
+            if level["status"] == "pending":
+                level["status"] = f"{STOPPED}: not run yet at this look"
+    return evaluate(Manifest.model_validate(data), levels, requests, None, policy, diagnostics=False)
 
 
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -53,6 +53,7 @@ class GatePolicy(BaseModel):
         alpha = 0.05
         levels = [1, 8]              # default: every level of the run
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
+        max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
         [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
         output_throughput = -3.0
         mean_tpot_ms = 3.0
@@ -88,6 +89,12 @@ class GatePolicy(BaseModel):
     """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
     whose path cannot be observed (``dsa-bench import``, servers started by other tooling); PASS then rests on the
     caller's word that the arms ran the intended paths."""
+    max_sessions: int | None = Field(None, ge=2)
+    """Set: the run is group-sequential (:mod:`harness.judge.sequential`) — it schedules up to this many server
+    sessions per arm, looks after each block from ``min_sessions`` on and stops at PASS or FAIL. None: the fixed
+    design, one look after ``workload.repeats`` sessions."""
+    spending: Literal["pocock", "obrien-fleming"] = "pocock"
+    """The α-spending function of a sequential run (Lan & DeMets 1983)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -121,6 +128,13 @@ class GatePolicy(BaseModel):
         if value is not None and (not value or any(level <= 0 for level in value)):
             raise ValueError("levels must be positive concurrencies (omit the key for every level of the run)")
         return None if value is None else tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _sequential_range(self) -> "GatePolicy":
+        if self.max_sessions is not None and self.max_sessions < self.min_sessions:
+            raise ValueError(f"max_sessions = {self.max_sessions} is below min_sessions = {self.min_sessions}: a "
+                             "sequential run looks from min_sessions up to max_sessions sessions per arm")
+        return self
 
     @model_validator(mode="after")
     def _margins_match_direction(self) -> "GatePolicy":

@@ -14,7 +14,7 @@ import numpy as np
 
 from harness.judge.policy import GatePolicy
 from harness.metrics import achieved_concurrency, succeeded
-from harness.rundir.schema import ArmRecord, Manifest
+from harness.rundir.schema import STOPPED, ArmRecord, Manifest
 from harness.rundir.store import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
@@ -121,7 +121,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     """Run every validity check on the run's data.
 
     Per arm and level (any failure → the level's cells are INVALID): a planned repeat not ``done`` (failed, skipped,
-    missing — a partial run); a done repeat without its levels.csv row; failed requests above
+    missing — a partial run; rounds ``stopped`` by a sequential look or the budget are no longer planned); a done repeat without its levels.csv row; failed requests above
     ``max_failed_fraction``; fewer than ``min_requests_per_concurrency × c`` completed requests (ramp-up and drain
     dominate); achieved concurrency below ``min_concurrency_fraction × c`` by vLLM's ``max_concurrent_requests`` or by
     the per-request timeline; the client saturated (``client_cpu_util`` ≥ ``max_client_cpu_util``); under
@@ -136,12 +136,17 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     concurrency = manifest.scenario_value("workload", "concurrency")
     planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
     repeats = manifest.scenario_value("workload", "repeats")
-    planned_repeats = int(repeats) if finite_float(repeats) else None
+    per_session = finite_float(manifest.scenario_value("workload", "rounds_per_session")) or 1
+    planned_repeats = int(repeats) * int(per_session) if finite_float(repeats) else None   # rounds in all
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}
+    stopped: set[int] = set()
     for role, arm in report.arms.items():
         record = manifest.arm(arm)
         for key, entry in record.level_items() if record is not None else []:
+            if entry.status.startswith(STOPPED):   # no longer planned: the run stopped before it
+                stopped.add(key.round)
+                continue
             statuses.setdefault((arm, key.concurrency), {})[key.round] = entry.status
             level_set.add(key.concurrency)
         attestation = record.attestation if record is not None else None
@@ -175,7 +180,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
         for level in report.levels:
             recorded = statuses.get((arm, level), {})
             rows = {r for (a, c, r) in level_rows if a == arm and c == level}
-            planned = set(recorded) | rows | (set(range(planned_repeats)) if planned_repeats else set())
+            planned = set(recorded) | rows | (set(range(planned_repeats)) - stopped if planned_repeats else set())
             if not planned:
                 report.fail(arm, level, None, "missing", "level not run (no manifest entry, no levels.csv row)")
                 continue

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.judge import stats
+from harness.judge import sequential, stats
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.validity import ValidityReport, check_validity
@@ -195,7 +195,7 @@ def _to_delta(spec: Metric, value: float) -> float:
 
 
 def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int | None = None,
-           seed: int | None = None) -> list[CellResult]:
+           seed: int | None = None, session_alpha: float | None = None) -> list[CellResult]:
     """Decide every cell: INVALID from validity, else PASS/FAIL/INCONCLUSIVE by margin tests.
 
     PASS is an intersection–union test (Berger 1982): each primary cell is tested at ``α`` with no multiplicity
@@ -210,6 +210,8 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
 
     Args:
         n_resamples, seed: override the policy's (simulations use fewer resamples and vary the seed).
+        session_alpha: the α of this look of a sequential design (:mod:`harness.judge.sequential`) for the metrics
+            replicated by server session; accuracy, tested once, keeps the policy's α. None: ``policy.alpha``.
     """
     n_resamples = policy.bootstrap_resamples if n_resamples is None else n_resamples
     seed = policy.seed if seed is None else seed
@@ -226,9 +228,10 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
                 result.notes.append("zero spread: the paired values do not vary (identical or copied repeats), so "
                                     "no interval can be trusted; degenerate, never a verdict")
     metrics = list(dict.fromkeys(c.metric for c in cells if c.primary))
-    share = policy.alpha / max(len(metrics), 1)
     pooled_results = []
     for metric in metrics:
+        alpha = _metric_alpha(metric, policy, session_alpha)
+        share = alpha / max(len(metrics), 1)
         members = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and c.metric == metric and t]
         if not members:
             continue
@@ -246,11 +249,11 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
             result.p_fail_holm = min(1.0, len(metrics) * max(gate_p, float(adjusted[k])))
             if gate_open and reject[k]:
                 result.status, level = Status.FAIL, float(levels[k])
-            elif result.p_pass <= policy.alpha:
-                result.status, level = Status.PASS, policy.alpha
+            elif result.p_pass <= alpha:
+                result.status, level = Status.PASS, alpha
             else:
                 result.status = Status.INCONCLUSIVE
-                level = policy.alpha if result.p_pass <= result.p_fail else float(levels[k])
+                level = alpha if result.p_pass <= result.p_fail else float(levels[k])
                 distance = abs(estimate - limit)
                 if math.isinf(df):
                     result.samples_needed = stats.samples_needed(distance, se, result.n_baseline or 0, level)
@@ -261,6 +264,13 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         if not cell.primary and test is not None:                   # diagnostics: no verdict, plain 95 %
             _set_interval(results[i], test[0], test[1], test[2], 0.025)
     return results + pooled_results
+
+
+def _metric_alpha(metric: str, policy: GatePolicy, session_alpha: float | None) -> float:
+    """The α ``metric`` is tested at: this look's for session-replicated metrics, the policy's for accuracy."""
+    if session_alpha is None or METRICS[metric].source == "accuracy":
+        return policy.alpha
+    return session_alpha
 
 
 def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy, level: float) -> CellResult:
@@ -376,12 +386,18 @@ class Verdict:
 
 def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy, *,
              diagnostics: bool = True) -> Verdict:
-    """Validity checks, cells, decisions and the overall verdict of one run (pure)."""
+    """Validity checks, cells, decisions and the overall verdict of one run (pure).
+
+    A sequential policy (``max_sessions`` set) tests the session-replicated cells at the α of the look the data is at
+    (:func:`harness.judge.sequential.look_of`)."""
     validity = check_validity(manifest, levels, requests, policy)
     cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics)
-    results = decide(cells, policy)
+    look = sequential.look_of(policy, levels)
+    results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
     status, reason = overall(results)
-    notes = []
+    notes = [] if look is None else [look.describe()]
+    if manifest.stopped is not None:
+        notes.append(f"the run stopped before its last planned session block — {manifest.stopped.reason}")
     run_status = manifest.status
     if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")

@@ -97,9 +97,17 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     scenario_file: str = ""   # the TOML the scenario came from (manifest ``scenario_file``)
 
+    def rounds(self) -> int:
+        """Rounds per arm: ``workload.repeats × workload.rounds_per_session``."""
+        return self.scenario.workload.repeats * self.scenario.workload.rounds_per_session
+
+    def block_of(self, round_: int) -> int:
+        """The session block (0, 1, …) round ``round_`` belongs to: ``rounds_per_session`` consecutive rounds each."""
+        return round_ // self.scenario.workload.rounds_per_session
+
     def levels(self) -> list[LevelKey]:
         """(concurrency, round) pairs in sweep order: every concurrency of round 0, then of round 1, …"""
-        return [LevelKey(c, r) for r in range(self.scenario.workload.repeats) for c in self.scenario.workload.concurrency]
+        return [LevelKey(c, r) for r in range(self.rounds()) for c in self.scenario.workload.concurrency]
 
     def level_lengths(self, key: LevelKey) -> tuple[int, int]:
         """(input_len, output_len) in tokens of the level ``key``."""

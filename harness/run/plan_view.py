@@ -44,12 +44,12 @@ def _header(plan: Plan, refusal: str | None) -> list[str]:
 def _grid_lines(plan: Plan) -> list[str]:
     work = plan.scenario.workload
     order = ("both servers stay up; arms alternate per level (ABBA)" if plan.scenario.serve.concurrent_servers
-             else "one server session per arm and round, ABBA blocks")
+             else f"one server session per arm and block of {work.rounds_per_session} round(s), ABBA blocks")
     levels = plan.levels()
     lengths = sorted({plan.level_lengths(key) for key in levels})
     return [
-        f"levels: concurrency {','.join(map(str, work.concurrency))} × rounds 0..{work.repeats - 1} = "
-        f"{len(levels)} per arm ({order})",
+        f"levels: concurrency {','.join(map(str, work.concurrency))} × rounds 0..{plan.rounds() - 1} = "
+        f"{len(levels)} per arm ({order}; levels {work.level_order} per round)",
         "tokens in/out: " + ", ".join(f"{i}/{o}" for i, o in lengths),
         "prompts per level: " + ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency)
         + f" (+{work.warmups} warmups)",

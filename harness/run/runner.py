@@ -19,6 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
+from harness import gate
+from harness.judge.policy import Status
 from harness.run import (accuracy, attest, builds, gpu_idle, host_load, machine as machine_mod, parity, procs,
                          spec_decode)
 
@@ -42,6 +44,7 @@ class RunOptions:
     continue_on_error: bool = False
     base_urls: dict[str, str] | None = None
     gsm8k: accuracy.GsmData | None = None   # where GSM8K comes from; None or source "skip" → not run
+    budget_s: float | None = None   # no session block starts that would end past this many seconds of the run
 
 
 class Runner:
@@ -55,7 +58,7 @@ class Runner:
         self.options = options
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
-        self.server_round: dict[str, int] = {}   # the round (block) each running local server was started for
+        self.server_round: dict[str, int] = {}   # the session block each running local server was started for
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0}
@@ -174,9 +177,9 @@ class Runner:
         self._save()
         return server
 
-    def _server_for(self, arm: ArmPlan, round_: int) -> VllmServer | RemoteServer | None:
-        """The arm's server for a level of round ``round_``. Sequential servers: a fresh server session per block
-        (arm × round), so sessions, the unit of replication, are independent even where ABBA puts one arm's two
+    def _server_for(self, arm: ArmPlan, block: int) -> VllmServer | RemoteServer | None:
+        """The arm's server for a level of session block ``block`` (:meth:`Plan.block_of`). Sequential servers: a
+        fresh server session per block (arm × block of rounds), so sessions, the unit of replication, are independent even where ABBA puts one arm's two
         blocks back to back. Concurrent servers: one session per arm for the whole run."""
         if self.options.base_urls:
             if arm.name not in self.servers and arm.name not in self.dead_arms:
@@ -188,7 +191,7 @@ class Runner:
                     self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             return self.servers.get(arm.name)
         if not self.plan.scenario.serve.concurrent_servers:
-            for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != round_]:
+            for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != block]:
                 self.servers.pop(name).stop()
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
@@ -198,7 +201,7 @@ class Runner:
             return None
         try:
             self.servers[arm.name] = self._start_server(arm)
-            self.server_round[arm.name] = round_
+            self.server_round[arm.name] = block
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
             first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
@@ -207,6 +210,38 @@ class Runner:
             self.servers.pop(arm.name, None)
             return None
         return self.servers[arm.name]
+
+    # ----------------------------------------------------------------------------------------------- stopping
+    def _gsm8k_points(self, order: list[tuple[str, int, int]]) -> dict[str, int]:
+        """Where each arm's GSM8K runs: after its last level of session block 0 with sequential servers (so a run
+        that stops early still has it, on a session of its own), after its last level with concurrent ones."""
+        first_block = not self.plan.scenario.serve.concurrent_servers
+        return {name: index for index, (name, _, round_) in enumerate(order)
+                if not first_block or self.plan.block_of(round_) == 0}
+
+    def _stop_reason(self, blocks_done: int, started: float) -> str | None:
+        """Why no further session block starts, or None: a sequential look decided (:func:`harness.gate.look`), or
+        the next block, as long as the average block so far, would end past ``--budget``."""
+        look = gate.look(self.run_dir)
+        if look is not None and look.status in (Status.PASS, Status.FAIL):
+            return f"sequential stop: {look.status} at the look after block {blocks_done} ({look.reason})"
+        budget = self.options.budget_s
+        elapsed = time.monotonic() - started
+        if budget is not None and elapsed + elapsed / blocks_done > budget:
+            return (f"budget: {elapsed:.0f} s of {budget:.0f} s used after {blocks_done} block(s) of ≈ "
+                    f"{elapsed / blocks_done:.0f} s each")
+        return None
+
+    def _stopped(self, reason: str) -> None:
+        """Record an early stop: the levels not run become ``stopped: …`` (not planned any more), the manifest says
+        why."""
+        self.console.print(f"[bold]{escape(reason)}[/]")
+        for arm in self.manifest["arms"]:
+            for level in arm["levels"].values():
+                if level["status"] == "pending":
+                    level["status"] = f"{schema.STOPPED}: {reason}"
+        self.manifest["stopped"] = {"reason": reason, "at": now()}
+        self._save()
 
     # ----------------------------------------------------------------------------------------------- accuracy
     def _parity(self, arm: str, server: VllmServer | RemoteServer) -> None:
@@ -301,22 +336,30 @@ class Runner:
         self.store.log_path("").mkdir(exist_ok=True)
         status = "failed"
         order = schedule(self.plan)
-        last_of = {name: index for index, (name, _, _) in enumerate(order)}
+        gsm8k_at = self._gsm8k_points(order)
+        block, blocks_done, stop = None, 0, None
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = progress.add_task("starting", total=None)
                 for index, (name, concurrency, repeat) in enumerate(order):
+                    if self.plan.block_of(repeat) != block:
+                        if block is not None:
+                            blocks_done += 1
+                            stop = self._stop_reason(blocks_done, started)
+                            if stop is not None:
+                                break
+                        block = self.plan.block_of(repeat)
                     entry = self._level(name, concurrency, repeat)
                     if entry["status"] == "done":   # resumed run: already measured
-                        if index == last_of[name] and name in self.servers:
+                        if index == gsm8k_at[name] and name in self.servers:
                             self._gsm8k(name, self.servers[name])
                         continue
                     if name in self.dead_arms:
                         entry["status"] = f"skipped: {self.dead_arms[name]}"
                         self._save()
                         continue
-                    server = self._server_for(arms[name], repeat)
+                    server = self._server_for(arms[name], self.plan.block_of(repeat))
                     if server is None:
                         entry["status"] = f"failed: {self.dead_arms[name]}"
                         self._save()
@@ -337,11 +380,13 @@ class Runner:
                     entry["finished_at"] = now()
                     entry["raw"] = f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}"
                     self._save()
-                    if index == last_of[name] and server.alive():
+                    if index == gsm8k_at[name] and server.alive():
                         self._gsm8k(name, server)
+            if stop is not None:
+                self._stopped(stop)
             self._finish_accuracy()
-            all_done = all(level["status"] == "done" for arm in self.manifest["arms"]
-                           for level in arm["levels"].values())
+            all_done = all(level["status"] == "done" or level["status"].startswith(schema.STOPPED)
+                           for arm in self.manifest["arms"] for level in arm["levels"].values())
             status = "done" if all_done else "failed"
         except (KeyboardInterrupt, procs.Interrupted):
             status = "interrupted"

@@ -121,7 +121,11 @@ class ArmSpec(_Frozen):
 class WorkloadSpec(_Frozen):
     """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
 
-    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``.
+    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``. ``repeats`` server sessions
+    per arm under sequential servers (one each under concurrent servers), each measuring ``rounds_per_session``
+    rounds over all levels: ``repeats × rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
+    round's levels in an order drawn from ``seed`` and the round (many short rounds in randomised order: Abedi &
+    Brecht 2017, "Conducting repeatable experiments in highly variable cloud computing environments", ICPE).
     """
 
     concurrency: tuple[int, ...]
@@ -132,6 +136,8 @@ class WorkloadSpec(_Frozen):
     warmups: int = Field(default=2, ge=0)
     seed: int = 0
     repeats: int = Field(default=1, ge=1)
+    rounds_per_session: int = Field(default=1, ge=1)
+    level_order: Literal["sorted", "shuffled"] = "sorted"
     level_timeout_s: float = Field(default=1800.0, gt=0)
 
     @field_validator("concurrency")
@@ -191,6 +197,19 @@ class Scenario(_Frozen):
         if not self.allow_identical_arms and self.arms["baseline"].route == self.arms["candidate"].route:
             raise ValueError("[arms.baseline] and [arms.candidate] pin the same route; set allow_identical_arms = true "
                              "for an A/A calibration run")
+        return self
+
+    @model_validator(mode="after")
+    def _sequential_blocks(self) -> "Scenario":
+        most = self.gate.max_sessions
+        if most is None:
+            return self
+        if self.serve.concurrent_servers:
+            raise ValueError(f"gate.max_sessions = {most} makes the run sequential over server sessions, which needs "
+                             "serve.concurrent_servers = false (a fresh server per arm and block)")
+        if self.workload.repeats != most:
+            raise ValueError(f"gate.max_sessions = {most} is the most session blocks the run may take: set "
+                             f"workload.repeats = {most} too (--max-sessions sets both)")
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +47,31 @@ def redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
     return scenario
 
 
-def schedule(plan: Plan) -> list[tuple[str, int, int]]:
-    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`.
+def round_order(plan: Plan, round_: int) -> list[int]:
+    """The concurrencies of round ``round_`` in run order: sorted, or (``workload.level_order = "shuffled"``) a
+    permutation drawn from ``random.Random(f"{workload.seed}:{round_}")`` — the same for both arms and on resume."""
+    levels = sorted(plan.scenario.workload.concurrency)
+    if plan.scenario.workload.level_order == "shuffled":
+        random.Random(f"{plan.scenario.workload.seed}:{round_}").shuffle(levels)
+    return levels
 
-    Sequential servers: ABBA blocks over rounds (r0: A then B; r1: B then A; …), each block all levels of one arm
-    (one server session per block). Concurrent servers: the arms stay up (one session each) and alternate per level
-    in ABBA order, so drift hits both arms alike.
+
+def schedule(plan: Plan) -> list[tuple[str, int, int]]:
+    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`, each round's levels in :func:`round_order`.
+
+    Sequential servers: ABBA blocks over session blocks (block 0: A then B; block 1: B then A; …); in a block one
+    arm's server session measures ``workload.rounds_per_session`` consecutive rounds (:meth:`Plan.block_of`).
+    Concurrent servers: the arms stay up (one session each) and alternate per level in ABBA order, so drift hits
+    both arms alike.
     """
     names = [arm.name for arm in plan.arms]
-    levels = plan.levels()
+    rounds = range(plan.rounds())
     if plan.scenario.serve.concurrent_servers:
-        return [(name, key.concurrency, key.round) for step, key in enumerate(levels)
-                for name in (names if step % 2 == 0 else names[::-1])]
-    rounds = sorted({key.round for key in levels})
-    return [(name, key.concurrency, key.round) for round_ in rounds
-            for name in (names if round_ % 2 == 0 else names[::-1]) for key in levels if key.round == round_]
+        steps = [(c, r) for r in rounds for c in round_order(plan, r)]
+        return [(name, c, r) for step, (c, r) in enumerate(steps) for name in (names if step % 2 == 0 else names[::-1])]
+    blocks = range(plan.scenario.workload.repeats)
+    return [(name, c, r) for block in blocks for name in (names if block % 2 == 0 else names[::-1])
+            for r in rounds if plan.block_of(r) == block for c in round_order(plan, r)]
 
 
 def new_run_dir(out_dir: Path, scenario_name: str) -> Path:

@@ -177,8 +177,21 @@ class SessionRecord(_Record):
     startup: StartupRecord | None = None
 
 
+STOPPED = "stopped"
+"""Status prefix of a level a run no longer plans: a sequential look decided, or the budget ran out, before it
+(``"stopped: <reason>"``; the manifest's ``stopped`` says why). Not a failure: the gate judges the sessions that ran."""
+
+
+class StopRecord(_Record):
+    """Why a run stopped before its last planned session block (``manifest.json`` ``stopped``)."""
+
+    reason: str
+    at: str | None = None
+
+
 class LevelRecord(_Record):
-    """Status of one level of one arm: ``status`` is "pending", "done", "failed: <reason>" or "skipped: <reason>"."""
+    """Status of one level of one arm: ``status`` is "pending", "done", "failed: <reason>", "skipped: <reason>" or
+    "stopped: <reason>" (:data:`STOPPED`)."""
 
     status: str = "pending"
     session: int | None = None
@@ -280,6 +293,7 @@ class Manifest(_Record):
     timing: dict[str, float | None] = Field(default_factory=dict)
     estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
     imported_from: str | None = None            # the index CSV of ``dsa-bench import`` (None: measured by compare)
+    stopped: StopRecord | None = None           # a sequential look or the budget ended the run early
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""

@@ -1,0 +1,120 @@
+"""``dsa-bench calibrate``: what the gate can and cannot see on this machine, measured with the design it will use.
+
+Two real ``compare`` runs of the scenario, same design and budget:
+
+1. **A/A** — the candidate arm is made a copy of the baseline arm (route, extra args, env, vLLM build;
+   ``allow_identical_arms``): any FAIL is a false alarm.
+2. **Known slowdown** — the same A/A pair with a calibration injection in the candidate only (default
+   ``step-delay:4``: the dsa_route plugin sleeps 4 ms per engine step, :mod:`dsa_route.inject`), recorded in the
+   manifest and attested like any injection: it should FAIL.
+
+It prints both verdicts, the A/A run's paired session spread of output throughput per level
+(:func:`harness.judge.calibration.paired_spread`) and the smallest throughput loss that design detects at 80 % power
+(:func:`harness.judge.calibration.detectable_loss`), and writes them to ``<out>/calibration-<timestamp>.json``.
+Exit code: 0 when the A/A run did not FAIL and the slowdown did, 1 otherwise (2: bad input, nothing started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "cmd_calibrate", "aa_overrides"]
+
+DEFAULT_SLOWDOWN = "step-delay:4"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """The ``calibrate`` subcommand (the scenario flags and ``--out``/``--budget`` are added by the CLI)."""
+    parser = sub.add_parser("calibrate", allow_abbrev=False,
+                            help="A/A run + known injected slowdown: false alarm?, caught?, spread, detectable loss")
+    parser.add_argument("--slowdown", default=DEFAULT_SLOWDOWN, metavar="KIND",
+                        help=f"the candidate's injection in the second run (default {DEFAULT_SLOWDOWN})")
+    parser.set_defaults(func=cmd_calibrate)
+    return parser
+
+
+def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
+    """Dotted scenario overrides that make the candidate arm the baseline arm (``baseline``: its ArmSpec), with
+    ``inject`` on the candidate (None: a plain A/A)."""
+    return {"allow_identical_arms": True, "arms.candidate.route": baseline.route,
+            "arms.candidate.extra_args": list(baseline.extra_args), "arms.candidate.env": dict(baseline.env),
+            "arms.candidate.vllm": baseline.vllm, "arms.candidate.inject": inject,
+            "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
+
+
+def _run(args: argparse.Namespace, inject: str | None) -> tuple[int, Path]:
+    from harness.cli import UsageError, default_scenario, run_compare
+    from harness.run import machine
+    from harness.run.scenario import load_scenario
+
+    name = args.scenario or default_scenario(machine.detect().name, args.tp, args.quant)
+    scenario = load_scenario(name)
+    if args.inject_candidate:
+        raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
+    run_args = copy.copy(args)
+    run_args.scenario = name
+    run_args.arm_overrides = aa_overrides(scenario.arms["baseline"], inject)
+    run_args.gate, run_args.resume, run_args.continue_on_error = True, None, False
+    run_args.base_url_baseline = run_args.base_url_candidate = None
+    return run_compare(run_args)
+
+
+def _figures(run_dir: Path) -> dict[str, Any]:
+    from harness.judge.calibration import detectable_loss, paired_spread
+    from harness.rundir.store import RunDir
+
+    store = RunDir(run_dir)
+    manifest = store.manifest()
+    verdict = json.loads(store.file("verdict.json").read_text(encoding="utf-8"))
+    policy = verdict.get("policy_fields") or {}
+    level = float(policy.get("alpha", 0.05)) / max(len(policy.get("primary") or [1]), 1)
+    margin = float((policy.get("margins") or {}).get("output_throughput", -3.0))
+    spreads = []
+    for row in paired_spread(store.levels(numeric=True)):
+        entry = {"concurrency": row.concurrency, "pairs": row.pairs, "sd": row.sd, "sd_upper": row.upper}
+        if row.pairs >= 2:
+            entry["detectable_loss_pct"] = detectable_loss(row.sd, row.pairs, margin, level)
+            entry["detectable_loss_pct_upper"] = detectable_loss(row.upper, row.pairs, margin, level)
+        spreads.append(entry)
+    return {"run_dir": str(run_dir), "overall": verdict.get("overall"), "reason": verdict.get("reason"),
+            "stopped": manifest.stopped.reason if manifest.stopped else None,
+            "wall_s": manifest.timing.get("wall_s"), "spread": spreads, "tested_at": level}
+
+
+def _print(aa: dict[str, Any], slow: dict[str, Any], slowdown: str) -> None:
+    print(f"A/A: {aa['overall']} ({'false alarm' if aa['overall'] == 'FAIL' else 'no false alarm'}) in "
+          f"{aa['wall_s'] or 0:.0f} s — {aa['reason']}")
+    print(f"{slowdown} on the candidate: {slow['overall']} ({'caught' if slow['overall'] == 'FAIL' else 'NOT caught'})"
+          f" in {slow['wall_s'] or 0:.0f} s — {slow['reason']}")
+    print(f"A/A paired session spread of log output throughput, and the smallest loss FAILed at 80 % power "
+          f"(one-sided {aa['tested_at']:.4f}, this run's sessions):")
+    for row in aa["spread"]:
+        loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
+                "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
+        print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Run the A/A and the slowdown comparisons, print and store what they show."""
+    from dsa_route.inject import parse_injection
+    from harness.cli import UsageError
+
+    try:
+        parse_injection(args.slowdown)
+    except ValueError as error:
+        raise UsageError(f"--slowdown: {error}") from None
+    _, aa_dir = _run(args, None)
+    _, slow_dir = _run(args, args.slowdown)
+    aa, slow = _figures(aa_dir), _figures(slow_dir)
+    _print(aa, slow, args.slowdown)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) / f"calibration-{stamp}.json"
+    out.write_text(json.dumps({"aa": aa, "slowdown": {**slow, "injection": args.slowdown}}, indent=2) + "\n",
+                   encoding="utf-8")
+    print(f"written: {out}")
+    return 0 if aa["overall"] != "FAIL" and slow["overall"] == "FAIL" else 1

@@ -1,0 +1,76 @@
+"""``dsa-bench calibrate``'s pieces: the paired session spread, the smallest detectable loss, the A/A overrides, and
+its bad input (exit 2, nothing started)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.calibrate import aa_overrides
+from harness.cli import main
+from harness.judge.calibration import detectable_loss, paired_spread
+from harness.run.scenario import load_scenario
+
+
+def _levels(rng, sessions=6, rounds=3, offset_sd=0.05, loss=0.0):
+    rows = []
+    for arm in ("baseline", "candidate"):
+        for s in range(sessions):
+            offset = rng.normal(0, offset_sd)
+            for r in range(rounds):
+                value = 100 * math.exp(offset + rng.normal(0, 0.01)) * (1 - loss if arm == "candidate" else 1)
+                rows.append({"arm": arm, "session": s, "round": s * rounds + r, "concurrency": 4,
+                             "output_throughput": value})
+    return pd.DataFrame(rows)
+
+
+def test_paired_spread_sees_the_session_offsets_not_the_rounds():
+    (spread,) = paired_spread(_levels(np.random.default_rng(0), sessions=40))
+    assert spread.pairs == 40
+    assert 0.05 < spread.sd < 0.095      # √2 · 0.05 ≈ 0.071 from the offsets; the rounds add ≈ 0.008
+    assert spread.upper > spread.sd
+
+
+def test_paired_spread_ignores_a_constant_loss():
+    rng_a, rng_b = np.random.default_rng(1), np.random.default_rng(1)
+    (plain,) = paired_spread(_levels(rng_a))
+    (shifted,) = paired_spread(_levels(rng_b, loss=0.2))
+    assert math.isclose(plain.sd, shifted.sd, rel_tol=1e-9)
+
+
+def test_one_pair_has_no_spread():
+    (spread,) = paired_spread(_levels(np.random.default_rng(0), sessions=1))
+    assert spread.pairs == 1 and math.isnan(spread.sd)
+
+
+def test_detectable_loss_grows_with_spread_and_shrinks_with_sessions():
+    small, large = detectable_loss(0.02, 4, -3.0, 0.025), detectable_loss(0.10, 4, -3.0, 0.025)
+    assert 3.0 < small < large
+    assert detectable_loss(0.10, 16, -3.0, 0.025) < large
+    assert detectable_loss(0.0, 4, -3.0, 0.025) == pytest.approx(3.0)   # no noise: exactly the margin
+    with pytest.raises(ValueError):
+        detectable_loss(0.05, 1, -3.0, 0.025)
+
+
+def test_aa_overrides_make_the_candidate_a_copy_of_the_baseline():
+    scenario = load_scenario("cpu-tiny-dsa")
+    copied = load_scenario("cpu-tiny-dsa", aa_overrides(scenario.arms["baseline"], "step-delay:4"))
+    base, cand = copied.arms["baseline"], copied.arms["candidate"]
+    assert (cand.route, cand.extra_args, cand.env, cand.vllm) == (base.route, base.extra_args, base.env, base.vllm)
+    assert cand.inject == "step-delay:4" and base.inject is None
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["calibrate", "--slowdown", "bogus"], "--slowdown"),
+    (["calibrate", "--inject-candidate", "topk-random"], "drop --inject-candidate"),
+    (["calibrate", "--budget", "soon"], "not a duration"),
+])
+def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path):
+    try:
+        code = main(argv + ["--out", str(tmp_path)])
+    except SystemExit as exit_:                       # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

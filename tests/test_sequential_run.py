@@ -1,0 +1,118 @@
+"""A sequential run (``gate.max_sessions``) stops at the first deciding look and a ``--budget`` run before a block
+that would not fit; the stopped levels are not planned any more, so the gate judges the sessions that ran.
+
+The runner runs for real; only server start, parity and the benchmark client are replaced (a level writes one
+``levels.csv`` row with a seeded throughput), so the looks, stops, statuses and the gate are the production code."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness import gate
+from harness.judge.policy import Status
+from harness.render import render_report
+from harness.run import plan as plan_mod
+from harness.run import runner as runner_mod
+from harness.run.models import locate
+from harness.run.scenario import ScenarioError, load_scenario
+from harness.rundir import schema
+from harness.rundir.store import RunDir
+
+CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
+RECORDING = "tests/fixtures/recorded/record-sessions.toml"
+GATE = {"gate.primary": ["output_throughput"], "gate.require_attestation": False, "gate.min_sessions": 3,
+        "accuracy.enabled": False, "workload.concurrency": [1, 4], "workload.rounds_per_session": 1}
+
+
+def _plan(**overrides) -> plan_mod.Plan:
+    scenario = load_scenario(RECORDING, {**GATE, **overrides}).effective()
+    return plan_mod.build_plan(scenario, CPU, locate(scenario))
+
+
+class _StubServer:
+    base_url, served_model_name, headers = "http://127.0.0.1:1", "stub", {}
+
+    def __init__(self):
+        self.stopped = False
+
+    def alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None = None, level_s: float = 0.0):
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions(budget_s=budget_s))
+    rng = np.random.default_rng(0)
+    clock = [0.0]
+
+    def start(arm):
+        run._new_session(run.arms[arm.name], 1.0, _StubServer.base_url)
+        return _StubServer()
+
+    def level(client, arm, server, concurrency, repeat, progress, task):
+        factor = 1.0 - loss if arm.name == "candidate" else 1.0
+        run.store.append_levels([{"arm": arm.name, "session": run._session(arm.name), "round": repeat,
+                                  "concurrency": concurrency, "completed": 16, "failed": 0,
+                                  "output_throughput": 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02))}])
+        clock[0] += level_s
+
+    monkeypatch.setattr(run, "_start_server", start)
+    monkeypatch.setattr(run, "_parity", lambda *_: None)
+    monkeypatch.setattr(run, "_run_level", level)
+    monkeypatch.setattr(runner_mod.time, "monotonic", lambda: clock[0])
+    return run
+
+
+def _statuses(manifest: dict) -> list[str]:
+    return [level["status"] for arm in manifest["arms"] for level in arm["levels"].values()]
+
+
+def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch):
+    plan = _plan(**{"gate.max_sessions": 8, "workload.repeats": 8})
+    manifest = _runner(tmp_path, monkeypatch, plan, loss=0.3).run()
+    statuses = _statuses(manifest)
+    assert statuses.count("done") == 2 * 2 * 3          # 2 arms × 2 levels × 3 sessions (the first look)
+    assert all(s == "done" or s.startswith(schema.STOPPED) for s in statuses)
+    assert manifest["status"] == "done" and "FAIL" in manifest["stopped"]["reason"]
+    result = gate.run_gate(tmp_path / "run")
+    assert result.status == Status.FAIL
+    assert any("look at 3 session" in note for note in result.verdict.notes)
+    assert any("stopped before its last planned" in note for note in result.verdict.notes)
+    render_report(tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert "group-sequential" in page and "sequential stop: FAIL" in page
+
+
+def test_an_aa_run_is_never_stopped_by_fail_and_uses_the_whole_design(tmp_path, monkeypatch):
+    plan = _plan(**{"gate.max_sessions": 5, "workload.repeats": 5})
+    manifest = _runner(tmp_path, monkeypatch, plan, loss=0.0).run()
+    stopped = manifest.get("stopped")
+    assert stopped is None or "PASS" in stopped["reason"]
+    assert gate.run_gate(tmp_path / "run", write=False).status in (Status.PASS, Status.INCONCLUSIVE)
+
+
+def test_the_budget_stops_before_a_block_that_would_not_fit(tmp_path, monkeypatch):
+    plan = _plan(**{"workload.repeats": 6})              # fixed design: only the budget stops it
+    manifest = _runner(tmp_path, monkeypatch, plan, loss=0.0, budget_s=50.0, level_s=2.0).run()
+    # a block is 2 arms × 2 levels × 2 s = 8 s; after 5 blocks (40 s) a 6th ends at 48 s: it fits, and is the last.
+    assert manifest.get("stopped") is None
+    manifest = _runner(tmp_path / "b", monkeypatch, plan, loss=0.0, budget_s=30.0, level_s=2.0).run()
+    assert "budget" in manifest["stopped"]["reason"]
+    assert _statuses(manifest).count("done") == 2 * 2 * 3   # 3 blocks (24 s); a 4th would end at 32 s
+    stored = RunDir(tmp_path / "b" / "run").manifest()
+    assert stored.stopped is not None and stored.status == "done"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"gate.max_sessions": 6}, "workload.repeats = 6"),
+    ({"gate.max_sessions": 6, "workload.repeats": 6, "serve.concurrent_servers": True}, "concurrent_servers"),
+    ({"gate.max_sessions": 2, "workload.repeats": 2}, "below min_sessions"),
+])
+def test_inconsistent_sequential_scenarios_are_refused(overrides, message):
+    with pytest.raises(ScenarioError, match=message):
+        _plan(**overrides)
