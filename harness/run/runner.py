@@ -6,6 +6,7 @@ failed or skipped, so a crash or Ctrl-C leaves a readable run directory.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass
@@ -19,14 +20,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
-from harness.run import accuracy, attest, builds, machine as machine_mod, parity, procs, spec_decode
+from harness.run import accuracy, attest, builds, cluster as cluster_info, machine as machine_mod, parity, procs
+from harness.run import spec_decode
+from harness.run.placement import Slot, assignments, slot_for
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir.store import RunDir
 from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
-from harness.run.plan import ArmPlan, Plan
+from harness.run.plan import ArmPlan, Plan, executor_backend, multi_node
 from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
 from harness.run.scenario import REPO_ROOT
 from harness.run.startup import startup_from_log
@@ -55,6 +58,10 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
         self.server_round: dict[str, int] = {}   # the round (block) each running local server was started for
+        self.server_slot: dict[str, Slot] = {}   # where each running server runs
+        self.slots = plan.scenario.cluster.slots()
+        self.cluster = None                       # the Ray backend (harness.run.ray_backend.RayBackend) when used
+        self.node_versions: dict[str, dict[str, str | None]] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0}
@@ -103,8 +110,32 @@ class Runner:
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(),
+            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "cluster": self._cluster_record(),
         }
+
+    def _cluster_record(self) -> dict[str, Any]:
+        """The manifest's ``cluster``: backend, address, swapping and which arm is to run where in each block
+        (the nodes are added once the cluster is connected)."""
+        spec = self.plan.scenario.cluster
+        blocks = self.plan.scenario.workload.repeats
+        return {"backend": spec.backend, "address": spec.address if spec.backend == "ray" else None,
+                "swap_nodes": spec.swap_nodes, "nodes": [],
+                "assignments": assignments([arm.name for arm in self.plan.arms], blocks, self.slots, spec.swap_nodes)}
+
+    def _connect_cluster(self, client_env: dict[str, str]) -> None:
+        """With ``backend = "ray"``: connect (or start a head) and record the nodes and their versions. The backend
+        module is imported by name here only, so the local backend never imports Ray."""
+        spec = self.plan.scenario.cluster
+        if spec.backend != "ray" or self.options.base_urls:
+            return
+        backend = importlib.import_module("harness.run.ray_backend")
+        self.cluster = backend.RayBackend(spec.address, client_env)
+        nodes = self.cluster.nodes()
+        self.node_versions = {node["node_id"]: node["versions"] for node in nodes}
+        self.manifest.setdefault("cluster", self._cluster_record())["nodes"] = nodes
+        self.console.print(f"ray: {len(nodes)} node(s): " + ", ".join(
+            f"{node['node_id'][:12]} ({node['ip']})" for node in nodes))
+        self._save()
 
     def _save(self) -> None:
         self.store.write_manifest(self.manifest)
@@ -128,27 +159,57 @@ class Runner:
         inherited = {k: v for k, v in os.environ.items() if k != ENV_INJECT}  # injections only where declared
         return {**inherited, **arm.server_env}
 
-    def _start_server(self, arm: ArmPlan) -> VllmServer:
-        port = free_port()
-        server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
-                            self.store.log_path(f"{arm.name}-server.log"),
-                            api_key=os.environ.get("VLLM_API_KEY"))
-        self.console.print(f"[bold]{arm.name}[/]: starting vllm serve on port {port} (log {server.log_path})")
+    def _start_server(self, arm: ArmPlan, round_: int) -> VllmServer:
+        slot = slot_for(round_, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes)
+        env, log_path = {**self._server_env(arm), **slot.env()}, self.store.log_path(f"{arm.name}-server.log")
+        if self.cluster is not None:
+            server = self.cluster.server(arm, slot, env, log_path, os.environ.get("VLLM_API_KEY"))
+        else:
+            port = free_port()
+            server = VllmServer(arm.server_argv(port), env, port, arm.served_model_name, log_path,
+                                api_key=os.environ.get("VLLM_API_KEY"))
+        self.console.print(f"[bold]{arm.name}[/]: starting vllm serve ({slot.describe()}, block {round_}; "
+                           f"log {log_path})")
         ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        self.server_slot[arm.name] = slot
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
                     "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
         self._new_session(entry, ready_s, server.base_url, measured)
-        observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
+        log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
+        entry["sessions"][-1]["placement"] = entry["placement"] = self._placement(arm.name, server, slot, round_, log_text)
+        observed = attest.observe_from_log(log_text)
         mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
+        if not self.plan.scenario.cluster.allow_version_skew:
+            mismatches += cluster_info.version_skew(arm.name, [session["placement"]["node"] for session in
+                                                               entry["sessions"] if (session.get("placement") or {})
+                                                               .get("node")], self.node_versions)
         entry["observed"] = observed
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
                            + (f" — [red]path mismatch: {escape('; '.join(mismatches))}[/]" if mismatches else ""))
         return server
+
+    def _placement(self, arm_name: str, server, slot: Slot, round_: int, log_text: str) -> dict[str, Any]:
+        """The session's :class:`harness.rundir.schema.Placement`: asked for, got, and how vLLM ran its workers."""
+        serve = self.plan.scenario.serve
+        node = getattr(server, "node", {}) or {}
+        ips = cluster_info.worker_ips(log_text)
+        by_ip = {record["ip"]: record["node_id"] for record in (self.manifest.get("cluster") or {}).get("nodes", [])}
+        nodes = sorted({node.get("node_id"), *(by_ip.get(ip, ip) for ip in ips)} - {None})
+        transport = cluster_info.nccl_transport(log_text)
+        note = cluster_info.transport_note(arm_name, transport, self.plan.machine.name, multi_node(self.plan.scenario))
+        if note and note not in self.manifest["notes"]:
+            self.manifest["notes"].append(note)
+        requested = {k: v for k, v in slot.record().items() if k in ("node", "label", "resource") and v}
+        return {"backend": slot.backend, "block": round_, "requested": requested, "node": node.get("node_id"),
+                "node_ip": node.get("ip"), "cpu_cores": slot.record()["cpu_cores"],
+                "gpu_ids": slot.record()["gpu_ids"], "executor_backend": executor_backend(self.plan.scenario),
+                "world_size": serve.tensor_parallel_size * serve.pipeline_parallel_size, "nodes": nodes,
+                "nccl_transport": transport}
 
     def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
         """Connect to a server started by other tooling; attest what its endpoints expose."""
@@ -186,6 +247,11 @@ class Runner:
         if not self.plan.scenario.serve.concurrent_servers:
             for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != round_]:
                 self.servers.pop(name).stop()
+        else:   # concurrent servers stay up while their placement stays; a swapped block starts new sessions,
+            # and every server that moves stops first, so two servers never share a slot
+            swap = self.plan.scenario.cluster.swap_nodes
+            for name in [n for n in self.servers if self.server_slot.get(n) != slot_for(round_, n, self.slots, swap)]:
+                self.servers.pop(name).stop()
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
             return server
@@ -193,7 +259,7 @@ class Runner:
             self.dead_arms[arm.name] = "server died"
             return None
         try:
-            self.servers[arm.name] = self._start_server(arm)
+            self.servers[arm.name] = self._start_server(arm, round_)
             self.server_round[arm.name] = round_
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
@@ -262,7 +328,7 @@ class Runner:
         def tick() -> None:
             progress.update(task, completed=max(0.0, _successes(server) - before))
 
-        reply = client.run(argv, self.store.log_path(f"{arm.name}-bench.log"),
+        reply = (server.load_client or client).run(argv, self.store.log_path(f"{arm.name}-bench.log"),
                            self.plan.scenario.workload.level_timeout_s, on_tick=tick)
         self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
         if not reply["ok"]:
@@ -295,6 +361,7 @@ class Runner:
         order = schedule(self.plan)
         last_of = {name: index for index, (name, _, _) in enumerate(order)}
         try:
+            self._connect_cluster(client_env)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = progress.add_task("starting", total=None)
@@ -342,6 +409,8 @@ class Runner:
             client.close()
             for server in self.servers.values():
                 server.stop()
+            if self.cluster is not None:
+                self.cluster.close()
             self.timing["client_import_s"] = client.import_s
             wall = time.monotonic() - started
             measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s"))
