@@ -23,8 +23,8 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path | None, *,
     """Start ``argv`` in a new session (its own process group) with exactly ``env``.
 
     stdout/stderr go to ``log_path`` (appended) unless ``stdout`` is given (then stderr goes to the log).
-    ``watchdog``: also start :mod:`harness.run.reaper` in the child's group, which ends the group when this process
-    dies without stopping it (a Ray actor killed or lost with its node).
+    ``watchdog``: also start :mod:`harness.run.reaper` (in a session of its own), which ends the child's group when
+    this process dies without stopping it (a Ray actor killed or lost with its node), and exits with the group.
 
     Raises:
         OSError: the executable does not exist or the log cannot be opened.
@@ -43,7 +43,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path | None, *,
         proc.reaper = subprocess.Popen(  # type: ignore[attr-defined]  (waited for in stop)
     [sys.executable, "-m", "harness.run.reaper", str(os.getpid()), str(proc.pid), "20"],
             env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            process_group=proc.pid)
+            start_new_session=True)
     return proc
 
 

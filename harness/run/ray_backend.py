@@ -34,6 +34,7 @@ from harness.run.plan import ArmPlan
 from harness.run.server import ServerError, VllmServer, free_port
 
 LOG_PULL_S = 1.0
+HOST, PORT = "<node-address>", "<node-port>"   # placeholders in a server argv, filled in on its node
 STOP_GRACE_S = 20.0
 
 
@@ -79,11 +80,14 @@ class ServerHost:
     def where(self) -> dict[str, str]:
         return _here()
 
-    def start(self, arm: ArmPlan, env: Mapping[str, str], api_key: str | None, timeout_s: float) -> dict[str, Any]:
-        """Start the arm's server here, listening on this node's address; block until a real completion succeeds.
-        Returns the base URL, seconds to ready and the peak memory, or ``{"error": message}``."""
+    def start(self, argv: Sequence[str], served_model_name: str, env: Mapping[str, str], api_key: str | None,
+              timeout_s: float) -> dict[str, Any]:
+        """Start the server here — ``argv`` with :data:`HOST` / :data:`PORT` replaced by this node's address and a
+        port free on it —; block until a real completion succeeds. Returns the base URL, seconds to ready and the
+        peak memory, or ``{"error": message}``."""
         host, port = ray.util.get_node_ip_address(), free_port()
-        self.server = VllmServer(arm.server_argv(port, host=host), env, port, arm.served_model_name,
+        argv = [{HOST: host, PORT: str(port)}.get(part, part) for part in argv]
+        self.server = VllmServer(argv, env, port, served_model_name,
                                  self.folder / "server.log", api_key=api_key, host=host, watchdog=True)
         try:
             ready_s = self.server.start(timeout_s)
@@ -221,7 +225,8 @@ class RayServer:
         self._puller = threading.Thread(target=self._pull_logs, daemon=True)
         self._puller.start()
         try:
-            answer = ray.get(self.actor.start.remote(self.arm, self.env, self.api_key, timeout_s))
+            argv = self.arm.server_argv(PORT, host=HOST)   # resolved here: the manifest's command is what ran
+            answer = ray.get(self.actor.start.remote(argv, self.served_model_name, self.env, self.api_key, timeout_s))
         except RayError as error:
             self.stop()
             raise ServerError(f"{self.arm.name}'s server actor died while starting ({error.__class__.__name__}); "
@@ -297,8 +302,8 @@ class RayBackend:
     placement_timeout_s = 120.0
 
     def __init__(self, address: str, client_env: Mapping[str, str]):
-        self.owns_head = not ray.is_initialized()
-        if self.owns_head:
+        self.connected_here = not ray.is_initialized()
+        if self.connected_here:
             ray.init(address=None if address == "local" else address, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         self.client_env = dict(client_env)
@@ -336,5 +341,5 @@ class RayBackend:
         for client in self.clients.values():
             client.close()
         self.clients.clear()
-        if self.owns_head:
+        if self.connected_here:
             ray.shutdown()
