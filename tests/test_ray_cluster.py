@@ -53,11 +53,6 @@ def cluster():
     simulated.shutdown()
 
 
-def _node_of(cluster: Cluster, resource: str) -> str:
-    nodes = [cluster.head_node, *cluster.worker_nodes]
-    return next(node.node_id for node in nodes if resource in (node.resource_spec.resources or {}))
-
-
 def _cli(*argv) -> tuple[int, str]:
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
@@ -86,8 +81,14 @@ def test_real_cpu_compare_each_arm_on_its_node_swapped_per_block(cluster, isolat
                      "--repeats", "2", "--ray-address", cluster.address, "--swap-nodes", *PLACE)
     run_dir, manifest = _manifest(out)
     assert code == 0, err[-4000:]
+    check_swapped_run(run_dir, manifest)
+
+
+def check_swapped_run(run_dir: Path, manifest: dict) -> None:
+    """A two-block run with baseline on node_a and candidate on node_b in block 0, swapped in block 1."""
     assert RunDir(run_dir).manifest().cluster is not None        # the typed schema reads it back
-    node_a, node_b = _node_of(cluster, "node_a"), _node_of(cluster, "node_b")
+    by_resource = {name: node["node_id"] for node in manifest["cluster"]["nodes"] for name in node["resources"]}
+    node_a, node_b = by_resource["node_a"], by_resource["node_b"]
     cluster_record = manifest["cluster"]
     assert cluster_record["backend"] == "ray" and cluster_record["swap_nodes"] is True
     assert {node["node_id"] for node in cluster_record["nodes"]} == {node_a, node_b}
