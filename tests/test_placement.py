@@ -213,3 +213,17 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_a_session_placement_names_where_it_ran_and_how_vllm_spread_its_workers():
+    scenario = load_scenario("deepseek-v3.2-fp8-tp8", {"serve.tensor_parallel_size": 8,
+                                                         "serve.pipeline_parallel_size": 2, "cluster.backend": "ray",
+                                                         "cluster.gpus_per_node": 8})
+    log = (FIXTURES / "nccl" / "two-node-socket.log").read_text()
+    nodes = [{"node_id": "head", "ip": "10.0.0.2"}, {"node_id": "worker", "ip": "10.0.0.3"}]
+    record = cluster.session_placement(scenario, B, 1, {"node_id": "head", "ip": "10.0.0.2"}, log, nodes)
+    assert record == {"backend": "ray", "block": 1, "requested": {"label": {"zone": "b"}}, "node": "head",
+                      "node_ip": "10.0.0.2", "cpu_cores": None, "gpu_ids": [2, 3], "executor_backend": "ray",
+                      "world_size": 16, "nodes": ["head", "worker"], "nccl_transport": "NET/Socket"}
+    local = cluster.session_placement(load_scenario("cpu-tiny"), Slot(cpu_cores=(1,)), 0, {}, "", [])
+    assert (local["node"], local["nodes"], local["executor_backend"], local["cpu_cores"]) == (None, [], "uni", [1])

@@ -4,7 +4,11 @@ nodes vLLM's Ray workers ran on and NCCL's transport, both read from a server's 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+from harness.run.placement import Slot, assignments
+from harness.run.plan import executor_backend
+from harness.run.scenario import ClusterSpec, Scenario
 
 # Versions compared between the nodes one arm runs on (what harness.run.ray_backend.node_versions reports).
 COMPARED_VERSIONS = ("ray", "vllm", "python", "torch")
@@ -67,3 +71,29 @@ def transport_note(arm: str, transport: str | None, platform: str, multi_node: b
     if transport is None:
         return f"{arm}: no NCCL transport line in the server log; set NCCL_DEBUG=INFO in serve.env to record it"
     return None
+
+
+def manifest_record(spec: ClusterSpec, arms: Sequence[str], blocks: int) -> dict[str, Any]:
+    """The manifest's ``cluster`` before the run (:class:`harness.rundir.schema.ClusterRecord`): backend, address,
+    swapping and which arm is to run where in each block; ``nodes`` is filled once the cluster is connected."""
+    return {"backend": spec.backend, "address": spec.address if spec.backend == "ray" else None,
+            "swap_nodes": spec.swap_nodes, "nodes": [],
+            "assignments": assignments(list(arms), blocks, spec.slots(), spec.swap_nodes)}
+
+
+def session_placement(scenario: Scenario, slot: Slot, block: int, node: Mapping[str, str], log_text: str,
+                      nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One session's :class:`harness.rundir.schema.Placement`: what ``slot`` asked for, the ``node`` it got
+    (``{"node_id", "ip"}``, empty locally), and how vLLM ran its workers — executor backend, world size (TP × PP),
+    the nodes its workers used (the server's node plus those whose IPs prefix Ray worker lines in ``log_text``,
+    mapped to ids through the cluster's ``nodes``) and NCCL's transport."""
+    serve = scenario.serve
+    by_ip = {record["ip"]: record["node_id"] for record in nodes}
+    used = sorted({node.get("node_id"), *(by_ip.get(ip, ip) for ip in worker_ips(log_text))} - {None})
+    record = slot.record()
+    return {"backend": slot.backend, "block": block,
+            "requested": {key: record[key] for key in ("node", "label", "resource") if record[key]},
+            "node": node.get("node_id"), "node_ip": node.get("ip"), "cpu_cores": record["cpu_cores"],
+            "gpu_ids": record["gpu_ids"], "executor_backend": executor_backend(scenario),
+            "world_size": serve.tensor_parallel_size * serve.pipeline_parallel_size, "nodes": used,
+            "nccl_transport": nccl_transport(log_text)}

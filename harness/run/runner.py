@@ -22,14 +22,14 @@ import requests
 from dsa_route.inject import ENV_INJECT, parse_injection
 from harness.run import accuracy, attest, builds, cluster as cluster_info, machine as machine_mod, parity, procs
 from harness.run import spec_decode
-from harness.run.placement import Slot, assignments, slot_for
+from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir.store import RunDir
 from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
-from harness.run.plan import ArmPlan, Plan, executor_backend, multi_node
+from harness.run.plan import ArmPlan, Plan, multi_node
 from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
 from harness.run.scenario import REPO_ROOT
 from harness.run.startup import startup_from_log
@@ -110,17 +110,9 @@ class Runner:
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "cluster": self._cluster_record(),
+            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "cluster": cluster_info.manifest_record(
+                plan.scenario.cluster, [arm.name for arm in plan.arms], plan.scenario.workload.repeats),
         }
-
-    def _cluster_record(self) -> dict[str, Any]:
-        """The manifest's ``cluster``: backend, address, swapping and which arm is to run where in each block
-        (the nodes are added once the cluster is connected)."""
-        spec = self.plan.scenario.cluster
-        blocks = self.plan.scenario.workload.repeats
-        return {"backend": spec.backend, "address": spec.address if spec.backend == "ray" else None,
-                "swap_nodes": spec.swap_nodes, "nodes": [],
-                "assignments": assignments([arm.name for arm in self.plan.arms], blocks, self.slots, spec.swap_nodes)}
 
     def _connect_cluster(self, client_env: dict[str, str]) -> None:
         """With ``backend = "ray"``: connect (or start a head) and record the nodes and their versions. The backend
@@ -132,7 +124,7 @@ class Runner:
         self.cluster = backend.RayBackend(spec.address, client_env)
         nodes = self.cluster.nodes()
         self.node_versions = {node["node_id"]: node["versions"] for node in nodes}
-        self.manifest.setdefault("cluster", self._cluster_record())["nodes"] = nodes
+        self.manifest["cluster"]["nodes"] = nodes
         self.console.print(f"ray: {len(nodes)} node(s): " + ", ".join(
             f"{node['node_id'][:12]} ({node['ip']})" for node in nodes))
         self._save()
@@ -194,22 +186,14 @@ class Runner:
         return server
 
     def _placement(self, arm_name: str, server, slot: Slot, round_: int, log_text: str) -> dict[str, Any]:
-        """The session's :class:`harness.rundir.schema.Placement`: asked for, got, and how vLLM ran its workers."""
-        serve = self.plan.scenario.serve
-        node = getattr(server, "node", {}) or {}
-        ips = cluster_info.worker_ips(log_text)
-        by_ip = {record["ip"]: record["node_id"] for record in (self.manifest.get("cluster") or {}).get("nodes", [])}
-        nodes = sorted({node.get("node_id"), *(by_ip.get(ip, ip) for ip in ips)} - {None})
-        transport = cluster_info.nccl_transport(log_text)
-        note = cluster_info.transport_note(arm_name, transport, self.plan.machine.name, multi_node(self.plan.scenario))
+        """The session's placement record (harness.run.cluster.session_placement); a NET/Socket note on GPUs."""
+        record = cluster_info.session_placement(self.plan.scenario, slot, round_, getattr(server, "node", {}) or {},
+                                                log_text, (self.manifest.get("cluster") or {}).get("nodes", []))
+        note = cluster_info.transport_note(arm_name, record["nccl_transport"], self.plan.machine.name,
+                                           multi_node(self.plan.scenario))
         if note and note not in self.manifest["notes"]:
             self.manifest["notes"].append(note)
-        requested = {k: v for k, v in slot.record().items() if k in ("node", "label", "resource") and v}
-        return {"backend": slot.backend, "block": round_, "requested": requested, "node": node.get("node_id"),
-                "node_ip": node.get("ip"), "cpu_cores": slot.record()["cpu_cores"],
-                "gpu_ids": slot.record()["gpu_ids"], "executor_backend": executor_backend(self.plan.scenario),
-                "world_size": serve.tensor_parallel_size * serve.pipeline_parallel_size, "nodes": nodes,
-                "nccl_transport": transport}
+        return record
 
     def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
         """Connect to a server started by other tooling; attest what its endpoints expose."""
