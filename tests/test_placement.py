@@ -227,3 +227,13 @@ def test_a_session_placement_names_where_it_ran_and_how_vllm_spread_its_workers(
                       "world_size": 16, "nodes": ["head", "worker"], "nccl_transport": "NET/Socket"}
     local = cluster.session_placement(load_scenario("cpu-tiny"), Slot(cpu_cores=(1,)), 0, {}, "", [])
     assert (local["node"], local["nodes"], local["executor_backend"], local["cpu_cores"]) == (None, [], "uni", [1])
+
+
+def test_ray_actor_options_follow_the_slot():
+    ray_backend = pytest.importorskip("harness.run.ray_backend")
+    by_node = ray_backend._options(Slot("ray", node="ab" * 28))
+    assert by_node["scheduling_strategy"].node_id == "ab" * 28 and by_node["scheduling_strategy"].soft is False
+    assert ray_backend._options(B)["label_selector"] == {"zone": "b"}
+    assert ray_backend._options(A)["resources"] == {"node_a": 0.001}
+    assert all(options["num_cpus"] == 0 for options in (by_node, ray_backend._options(Slot("ray"))))
+    assert "scheduling_strategy" not in ray_backend._options(Slot("ray"))
