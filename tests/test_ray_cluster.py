@@ -106,7 +106,14 @@ def check_swapped_run(run_dir: Path, manifest: dict) -> None:
     for arm in arms:   # the servers' logs came back from their nodes into the run directory
         assert "Starting vLLM server on" in (run_dir / schema.LOGS_DIR / f"{arm}-server.log").read_text()
     assert (run_dir / "verdict.json").is_file() and (run_dir / schema.REPORT).is_file()
-    assert json.loads((run_dir / "verdict.json").read_text())["overall"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    # a valid verdict: throughput judged on its data; INVALID only from the coalesced-stream check on TPOT (vLLM CPU
+    # streams a share of these tiny requests in one burst, as in tests/test_gate_e2e.py), never from the placement
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    throughput = [cell for cell in verdict["cells"] if cell["metric"] == "output_throughput"]
+    assert throughput and all(cell["result"] != "INVALID" for cell in throughput), verdict["reason"]
+    invalid = [cell for cell in verdict["cells"] if cell["result"] == "INVALID"]
+    assert all(cell["metric"] == "mean_tpot_ms" for cell in invalid), verdict["reason"]
+    assert verdict["overall"] != "INVALID" or "burst" in verdict["reason"], verdict["reason"]
 
 
 def test_killing_a_server_actor_mid_level_fails_that_level_keeps_the_rest(cluster, isolated, tmp_path, monkeypatch):
