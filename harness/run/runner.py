@@ -124,7 +124,9 @@ class Runner:
         self.cluster = backend.RayBackend(spec.address, client_env)
         nodes = self.cluster.nodes()
         self.node_versions = {node["node_id"]: node["versions"] for node in nodes}
-        self.manifest["cluster"]["nodes"] = nodes
+        record = self.manifest.get("cluster") or cluster_info.manifest_record(   # a resumed run from before placement
+            spec, [arm.name for arm in self.plan.arms], self.plan.scenario.workload.repeats)
+        self.manifest["cluster"] = {**record, "nodes": nodes}
         self.console.print(f"ray: {len(nodes)} node(s): " + ", ".join(
             f"{node['node_id'][:12]} ({node['ip']})" for node in nodes))
         self._save()
