@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from harness.run.placement import parse_place_flag
 from harness.run.scenario import REPO_ROOT, ScenarioError, find_scenario, load_scenario
 
 USAGE_ERROR = 2
@@ -69,6 +70,16 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
                             "step-delay:<ms> (arms.candidate.inject)")
     mtp.add_argument("--mtp", type=int, metavar="K", help="MTP with K speculative tokens")
     mtp.add_argument("--no-mtp", action="store_true", help="turn MTP off")
+    cluster = parser.add_argument_group("placement (the [cluster] table)")
+    cluster.add_argument("--cluster-backend", choices=("local", "ray"), help="where servers run (cluster.backend)")
+    cluster.add_argument("--ray-address", metavar="ADDR",
+                         help="auto, host:port, ray://…, or local to start a head (cluster.address)")
+    cluster.add_argument("--swap-nodes", action=argparse.BooleanOptionalAction, default=None,
+                         help="exchange the arms' placements every other block (cluster.swap_nodes)")
+    for arm in ("baseline", "candidate"):
+        cluster.add_argument(f"--place-{arm}", metavar="SPEC",
+                             help=f"{arm}'s placement: node=ID, label=KEY:VALUE, resource=NAME, cores=0-1, gpus=0,1 "
+                                  f"separated by ';' (cluster.arms.{arm})")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,6 +89,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "input_len": "workload.input_len", "output_len": "workload.output_len", "repeats": "workload.repeats",
         "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
+        "cluster_backend": "cluster.backend", "ray_address": "cluster.address", "swap_nodes": "cluster.swap_nodes",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
     overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
@@ -87,6 +99,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["mtp.num_speculative_tokens"] = 0
     if args.no_gsm8k:
         overrides["accuracy.enabled"] = False
+    for arm in ("baseline", "candidate"):
+        if getattr(args, f"place_{arm}") is not None:
+            try:
+                overrides[f"cluster.arms.{arm}"] = parse_place_flag(getattr(args, f"place_{arm}"))
+            except ValueError as error:
+                raise UsageError(f"--place-{arm}: {error}") from None
     if args.num_prompts is not None:
         overrides["workload.min_prompts"] = args.num_prompts
         overrides["workload.prompts_per_concurrency"] = 1

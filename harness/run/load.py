@@ -29,10 +29,12 @@ class LoadClient:
     Args:
         env: environment of the client process.
         log_path: the driver's own log (its import and protocol errors).
+        watchdog: end the client if this process dies without closing it (a Ray actor's client).
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path):
+    def __init__(self, env: Mapping[str, str], log_path: Path, watchdog: bool = False):
         self.env = dict(env)
+        self.watchdog = watchdog
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.import_s = 0.0
@@ -41,7 +43,7 @@ class LoadClient:
         if self.proc is not None and self.proc.poll() is None:
             return
         self.proc = procs.spawn([sys.executable, "-m", "harness.run.loadgen"], self.env, self.log_path,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, watchdog=self.watchdog)
         reply = self._read_reply(timeout_s, "benchmark client start")
         self.import_s += float(reply.get("import_s", 0.0))
 

@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 from dsa_route import routing, serve_path
 from dsa_route.inject import ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import LevelKey
+from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
 
 BENCH_PERCENTILES = "50,99"
@@ -81,9 +82,9 @@ class ArmPlan:
             return [self.vllm, "-m", "vllm.entrypoints.cli.main"]
         return [self.vllm]
 
-    def server_argv(self, port: int | str) -> list[str]:
-        """``vllm serve`` argv for ``port``."""
-        return [*self.vllm_command(), "serve", self.model_path, "--host", "127.0.0.1", "--port", str(port),
+    def server_argv(self, port: int | str, host: str = "127.0.0.1") -> list[str]:
+        """``vllm serve`` argv for ``port`` on ``host`` (a Ray-placed server listens on its node's address)."""
+        return [*self.vllm_command(), "serve", self.model_path, "--host", host, "--port", str(port),
                 *self.server_args]
 
 
@@ -187,9 +188,24 @@ def check_machine(scenario: Scenario, machine: Machine) -> None:
             raise PlanError(f"--kv-cache-dtype {serve.kv_cache_dtype} is not supported on CPU (vLLM's CPU MLA backend "
                             f"and dsa_route's CPU DSA caches take only non-quantized caches); use auto on CPU or run "
                             f"on a GPU node")
-    elif serve.tensor_parallel_size > machine.gpu_count:
+    elif serve.tensor_parallel_size > machine.gpu_count and not multi_node(scenario):
         raise PlanError(f"--tp {serve.tensor_parallel_size} needs {serve.tensor_parallel_size} GPUs; "
                         f"this machine has {machine.gpu_count}")
+
+
+def multi_node(scenario: Scenario) -> bool:
+    """Whether each arm is served across Ray nodes: backend ``ray`` and TP × PP above ``cluster.gpus_per_node``."""
+    serve, cluster = scenario.serve, scenario.cluster
+    return cluster.backend == "ray" and needs_multi_node(serve.tensor_parallel_size, serve.pipeline_parallel_size,
+                                                         cluster.gpus_per_node)
+
+
+def executor_backend(scenario: Scenario) -> str:
+    """The executor vLLM runs each arm's workers with: ``ray`` across nodes, else vLLM's own choice on one host
+    (``mp`` for a world above 1, ``uni`` for one rank; vllm/config/parallel.py)."""
+    if multi_node(scenario):
+        return "ray"
+    return "mp" if scenario.serve.tensor_parallel_size * scenario.serve.pipeline_parallel_size > 1 else "uni"
 
 
 def planning_machine(scenario: Scenario, host: Machine) -> Machine:
@@ -213,6 +229,10 @@ def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) ->
         args += ["--hf-config-path", str(resolve_path(model.hf_config_path))]
     if serve.vllm_quantization is not None:
         args += ["--quantization", serve.vllm_quantization]
+    if serve.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(serve.pipeline_parallel_size)]
+    if multi_node(scenario):
+        args += ["--distributed-executor-backend", "ray"]
     return args
 
 

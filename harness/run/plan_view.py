@@ -53,7 +53,17 @@ def _grid_lines(plan: Plan) -> list[str]:
         "tokens in/out: " + ", ".join(f"{i}/{o}" for i, o in lengths),
         "prompts per level: " + ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency)
         + f" (+{work.warmups} warmups)",
+        _placement_line(plan),
     ]
+
+
+def _placement_line(plan: Plan) -> str:
+    """Where each arm runs in blocks 0 and 1 (``[cluster]``)."""
+    spec = plan.scenario.cluster
+    where = "; ".join(f"{name}: {slot.describe()}" for name, slot in spec.slots().items())
+    address = f" at {spec.address}" if spec.backend == "ray" else ""
+    return (f"placement ({spec.backend}{address}): {where}"
+            + (" — swapped every other block" if spec.swap_nodes else ""))
 
 
 def compact(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:

@@ -11,6 +11,7 @@ import atexit
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
@@ -18,10 +19,12 @@ _children: list[subprocess.Popen] = []
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path | None, *,
-          stdin: int | None = None, stdout: int | IO | None = None) -> subprocess.Popen:
+          stdin: int | None = None, stdout: int | IO | None = None, watchdog: bool = False) -> subprocess.Popen:
     """Start ``argv`` in a new session (its own process group) with exactly ``env``.
 
     stdout/stderr go to ``log_path`` (appended) unless ``stdout`` is given (then stderr goes to the log).
+    ``watchdog``: also start :mod:`harness.run.reaper` (in a session of its own), which ends the child's group when
+    this process dies without stopping it (a Ray actor killed or lost with its node), and exits with the group.
 
     Raises:
         OSError: the executable does not exist or the log cannot be opened.
@@ -36,6 +39,11 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path | None, *,
         if log_path is not None:
             log.close()
     _children.append(proc)
+    if watchdog:
+        proc.reaper = subprocess.Popen(  # type: ignore[attr-defined]  (waited for in stop)
+    [sys.executable, "-m", "harness.run.reaper", str(os.getpid()), str(proc.pid), "20"],
+            env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
     return proc
 
 
@@ -49,10 +57,12 @@ def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> int | None:
             pass
     # The group may outlive its leader (vLLM's engine core, TP workers): kill whatever is left in it.
     _signal_group(proc, signal.SIGKILL)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    for member in (proc, getattr(proc, "reaper", None)):
+        try:
+            if member is not None:
+                member.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
     if proc in _children:
         _children.remove(proc)
     return proc.returncode

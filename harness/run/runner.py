@@ -6,6 +6,7 @@ failed or skipped, so a crash or Ctrl-C leaves a readable run directory.
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass
@@ -21,15 +22,16 @@ import requests
 from dsa_route.inject import ENV_INJECT, parse_injection
 from harness import gate
 from harness.judge.policy import Status
-from harness.run import (accuracy, attest, builds, gpu_idle, host_load, machine as machine_mod, parity, procs,
-                         spec_decode)
+from harness.run import (accuracy, attest, builds, cluster as cluster_info, gpu_idle, host_load, machine as machine_mod,
+                         parity, procs, spec_decode)
+from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir.store import RunDir
 from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
-from harness.run.plan import ArmPlan, Plan
+from harness.run.plan import ArmPlan, Plan, multi_node
 from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
 from harness.run.scenario import REPO_ROOT
 from harness.run.startup import startup_from_log
@@ -59,6 +61,10 @@ class Runner:
         self.console = console or Console(stderr=True)
         self.servers: dict[str, VllmServer | RemoteServer] = {}
         self.server_round: dict[str, int] = {}   # the session block each running local server was started for
+        self.server_slot: dict[str, Slot] = {}   # where each running server runs
+        self.slots = plan.scenario.cluster.slots()
+        self.cluster = None                       # the Ray backend (harness.run.ray_backend.RayBackend) when used
+        self.node_versions: dict[str, dict[str, str | None]] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0}
@@ -107,8 +113,26 @@ class Runner:
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(),
+            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "cluster": cluster_info.manifest_record(
+                plan.scenario.cluster, [arm.name for arm in plan.arms], plan.scenario.workload.repeats),
         }
+
+    def _connect_cluster(self, client_env: dict[str, str]) -> None:
+        """With ``backend = "ray"``: connect (or start a head) and record the nodes and their versions. The backend
+        module is imported by name here only, so the local backend never imports Ray."""
+        spec = self.plan.scenario.cluster
+        if spec.backend != "ray" or self.options.base_urls:
+            return
+        backend = importlib.import_module("harness.run.ray_backend")
+        self.cluster = backend.RayBackend(spec.address, client_env)
+        nodes = self.cluster.nodes()
+        self.node_versions = {node["node_id"]: node["versions"] for node in nodes}
+        record = self.manifest.get("cluster") or cluster_info.manifest_record(   # a resumed run from before placement
+            spec, [arm.name for arm in self.plan.arms], self.plan.scenario.workload.repeats)
+        self.manifest["cluster"] = {**record, "nodes": nodes}
+        self.console.print(f"ray: {len(nodes)} node(s): " + ", ".join(
+            f"{node['node_id'][:12]} ({node['ip']})" for node in nodes))
+        self._save()
 
     def _save(self) -> None:
         self.store.write_manifest(self.manifest)
@@ -134,28 +158,50 @@ class Runner:
         inherited = {k: v for k, v in os.environ.items() if k != ENV_INJECT}  # injections only where declared
         return {**inherited, **arm.server_env}
 
-    def _start_server(self, arm: ArmPlan) -> VllmServer:
-        port = free_port()
-        gpus = gpu_idle.before_session(self._server_env(arm))
-        server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
-                            self.store.log_path(f"{arm.name}-server.log"),
-                            api_key=os.environ.get("VLLM_API_KEY"))
-        self.console.print(f"[bold]{arm.name}[/]: starting vllm serve on port {port} (log {server.log_path})")
+    def _start_server(self, arm: ArmPlan, block: int) -> VllmServer:
+        slot = slot_for(block, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes)
+        env, log_path = {**self._server_env(arm), **slot.env()}, self.store.log_path(f"{arm.name}-server.log")
+        gpus = gpu_idle.before_session(env)
+        if self.cluster is not None:
+            server = self.cluster.server(arm, slot, env, log_path, os.environ.get("VLLM_API_KEY"))
+        else:
+            port = free_port()
+            server = VllmServer(arm.server_argv(port), env, port, arm.served_model_name, log_path,
+                                api_key=os.environ.get("VLLM_API_KEY"))
+        self.console.print(f"[bold]{arm.name}[/]: starting vllm serve ({slot.describe()}, block {block}; "
+                           f"log {log_path})")
         ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        self.server_slot[arm.name] = slot
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
                     "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
         self._new_session(entry, ready_s, server.base_url, measured, gpus)
-        observed = attest.observe_from_log(server.log_path.read_text(encoding="utf-8", errors="replace"))
+        log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
+        entry["sessions"][-1]["placement"] = entry["placement"] = self._placement(arm.name, server, slot, block, log_text)
+        observed = attest.observe_from_log(log_text)
         mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
+        if not self.plan.scenario.cluster.allow_version_skew:
+            mismatches += cluster_info.version_skew(arm.name, [session["placement"]["node"] for session in
+                                                               entry["sessions"] if (session.get("placement") or {})
+                                                               .get("node")], self.node_versions)
         entry["observed"] = observed
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
                            + (f" — [red]path mismatch: {escape('; '.join(mismatches))}[/]" if mismatches else ""))
         return server
+
+    def _placement(self, arm_name: str, server, slot: Slot, block: int, log_text: str) -> dict[str, Any]:
+        """The session's placement record (harness.run.cluster.session_placement); a NET/Socket note on GPUs."""
+        record = cluster_info.session_placement(self.plan.scenario, slot, block, getattr(server, "node", {}) or {},
+                                                log_text, (self.manifest.get("cluster") or {}).get("nodes", []))
+        note = cluster_info.transport_note(arm_name, record["nccl_transport"], self.plan.machine.name,
+                                           multi_node(self.plan.scenario))
+        if note and note not in self.manifest["notes"]:
+            self.manifest["notes"].append(note)
+        return record
 
     def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
         """Connect to a server started by other tooling; attest what its endpoints expose."""
@@ -193,6 +239,11 @@ class Runner:
         if not self.plan.scenario.serve.concurrent_servers:
             for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != block]:
                 self.servers.pop(name).stop()
+        else:   # concurrent servers stay up while their placement stays; a swapped block starts new sessions,
+            # and every server that moves stops first, so two servers never share a slot
+            swap = self.plan.scenario.cluster.swap_nodes
+            for name in [n for n in self.servers if self.server_slot.get(n) != slot_for(block, n, self.slots, swap)]:
+                self.servers.pop(name).stop()
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
             return server
@@ -200,7 +251,7 @@ class Runner:
             self.dead_arms[arm.name] = "server died"
             return None
         try:
-            self.servers[arm.name] = self._start_server(arm)
+            self.servers[arm.name] = self._start_server(arm, block)
             self.server_round[arm.name] = block
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
@@ -302,7 +353,7 @@ class Runner:
             progress.update(task, completed=max(0.0, _successes(server) - before))
 
         cpu_before = host_load.read_cpu_times()
-        reply = client.run(argv, self.store.log_path(f"{arm.name}-bench.log"),
+        reply = (server.load_client or client).run(argv, self.store.log_path(f"{arm.name}-bench.log"),
                            self.plan.scenario.workload.level_timeout_s, on_tick=tick)
         steal = host_load.steal_share(cpu_before, host_load.read_cpu_times())
         self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
@@ -339,6 +390,7 @@ class Runner:
         gsm8k_at = self._gsm8k_points(order)
         block, blocks_done, stop = None, 0, None
         try:
+            self._connect_cluster(client_env)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = progress.add_task("starting", total=None)
@@ -395,6 +447,8 @@ class Runner:
             client.close()
             for server in self.servers.values():
                 server.stop()
+            if self.cluster is not None:
+                self.cluster.close()
             self.timing["client_import_s"] = client.import_s
             wall = time.monotonic() - started
             measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s"))

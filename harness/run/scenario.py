@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from dsa_route.inject import Injection, parse_injection
 from harness.judge.policy import GatePolicy
+from harness.run.placement import BACKENDS, Slot, overlapping_cores, parse_id_list
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
@@ -74,6 +75,7 @@ class ServeSpec(_Frozen):
     """Options shared by both arms' ``vllm serve`` (arms add their own on top)."""
 
     tensor_parallel_size: int = Field(default=1, ge=1)
+    pipeline_parallel_size: int = Field(default=1, ge=1)
     quantization: Annotated[str, AfterValidator(_one_of("quantization", tuple(QUANTIZATIONS)))] = "none"
     kv_cache_dtype: Annotated[str, AfterValidator(_one_of("kv_cache_dtype", KV_CACHE_DTYPES))] = "auto"
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
@@ -116,6 +118,77 @@ class ArmSpec(_Frozen):
     @classmethod
     def _expand(cls, value: str | None) -> str | None:
         return None if value is None else str(Path(value).expanduser())
+
+
+class ArmPlacementSpec(_Frozen):
+    """``[cluster.arms.<arm>]``: where that arm's server runs (harness.run.placement.Slot). ``node``, ``label`` and
+    ``resource`` pick a Ray node (at most one of them); ``cpu_cores`` (``"0-3"`` or ``[0, 1]``) and ``gpu_ids`` pin the
+    server's engine on whatever node it runs on."""
+
+    node: str | None = None
+    label: dict[str, str] = Field(default_factory=dict)
+    resource: str | None = None
+    cpu_cores: tuple[int, ...] | None = None
+    gpu_ids: tuple[int, ...] | None = None
+
+    @field_validator("cpu_cores", "gpu_ids", mode="before")
+    @classmethod
+    def _ids(cls, value: Any) -> Any:
+        if isinstance(value, (str, int)):
+            return parse_id_list(str(value))
+        return value
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> "ArmPlacementSpec":
+        chosen = [key for key in ("node", "label", "resource") if getattr(self, key)]
+        if len(chosen) > 1:
+            raise ValueError(f"gives {' and '.join(chosen)}; pick the node by one of node, label or resource")
+        return self
+
+    def slot(self, backend: str) -> Slot:
+        """This arm's declared slot under ``backend``."""
+        return Slot(backend=backend, node=self.node, label=tuple(sorted(self.label.items())), resource=self.resource,
+                    cpu_cores=self.cpu_cores, gpu_ids=self.gpu_ids)
+
+
+class ClusterSpec(_Frozen):
+    """``[cluster]``: where the arms run. ``backend = "local"`` (default: child processes of dsa-bench, no Ray) or
+    ``"ray"`` (each server in a Ray actor on its arm's node, the load client next to it). ``address``: ``"auto"``
+    (a running cluster, ``ray start --head`` on this host or ``RAY_ADDRESS``), ``"host:port"`` / ``"ray://…"``, or
+    ``"local"`` (start a Ray head inside dsa-bench for this run). ``swap_nodes``: exchange the two arms' placements
+    every other block. ``gpus_per_node``: GPUs of one node (an arm whose TP × PP exceeds it is served across nodes
+    with vLLM's Ray executor). ``allow_version_skew``: the nodes an arm runs on may differ in Ray/vLLM/Python
+    versions (otherwise that arm is INVALID)."""
+
+    backend: Annotated[str, AfterValidator(_one_of("cluster.backend", BACKENDS))] = "local"
+    address: str = "local"
+    swap_nodes: bool = False
+    gpus_per_node: int | None = Field(default=None, ge=0)
+    allow_version_skew: bool = False
+    arms: dict[str, ArmPlacementSpec] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterSpec":
+        unknown = sorted(set(self.arms) - {"baseline", "candidate"})
+        if unknown:
+            raise ValueError(f"[cluster.arms.{unknown[0]}] is not an arm; use [cluster.arms.baseline] or "
+                             f"[cluster.arms.candidate]")
+        if self.backend == "local":
+            ray_only = [f"{arm}.{key}" for arm, spec in self.arms.items()
+                        for key in ("node", "label", "resource") if getattr(spec, key)]
+            if ray_only:
+                raise ValueError(f"cluster.arms.{ray_only[0]} picks a Ray node but cluster.backend is \"local\"; "
+                                 f"set backend = \"ray\" (--cluster-backend ray) or drop it")
+        if not self.address.strip():
+            raise ValueError("cluster.address is empty; use \"auto\", \"local\" or host:port")
+        shared = overlapping_cores(self.slots())
+        if shared:
+            raise ValueError(f"both arms claim CPU cores {shared}; give each arm its own cores (cpu_cores)")
+        return self
+
+    def slots(self) -> dict[str, Slot]:
+        """Each arm's declared slot (an arm without a table: anywhere, vLLM's own binding)."""
+        return {arm: self.arms.get(arm, ArmPlacementSpec()).slot(self.backend) for arm in ("baseline", "candidate")}
 
 
 class WorkloadSpec(_Frozen):
@@ -188,6 +261,7 @@ class Scenario(_Frozen):
     mtp: MtpSpec = MtpSpec()
     accuracy: AccuracySpec = AccuracySpec()
     gate: GatePolicy = GatePolicy()
+    cluster: ClusterSpec = ClusterSpec()
     allow_identical_arms: bool = False   # A/A calibration: both arms the same path on purpose
 
     @model_validator(mode="after")
@@ -210,6 +284,14 @@ class Scenario(_Frozen):
         if self.workload.repeats != most:
             raise ValueError(f"gate.max_sessions = {most} is the most session blocks the run may take: set "
                              f"workload.repeats = {most} too (--max-sessions sets both)")
+        return self
+
+    @model_validator(mode="after")
+    def _swap_needs_places(self) -> "Scenario":
+        slots = self.cluster.slots()
+        if self.cluster.swap_nodes and slots["baseline"] == slots["candidate"]:
+            raise ValueError("cluster.swap_nodes is on but both arms have the same placement; give each arm its "
+                             "own node or cores under [cluster.arms.baseline] / [cluster.arms.candidate]")
         return self
 
     @model_validator(mode="after")

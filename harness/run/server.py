@@ -47,6 +47,9 @@ class _Endpoint:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.ready_s: float | None = None
 
+    load_client = None
+    """The benchmark client placed next to this server (a Ray-placed server's); None: the run's own client."""
+
     def _healthy(self) -> bool:
         try:
             return requests.get(f"{self.base_url}/health", timeout=5, headers=self.headers).status_code == 200
@@ -78,11 +81,14 @@ class VllmServer(_Endpoint):
         served_model_name: the model name requests must use.
         log_path: where stdout+stderr go.
         api_key: sent as a bearer token when the server requires one (never written anywhere).
+        host: the address in ``argv``'s ``--host`` (a Ray-placed server listens on its node's address).
+        watchdog: end the server's process group if this process dies without stopping it (Ray actors).
     """
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], port: int, served_model_name: str,
-                 log_path: Path, api_key: str | None = None):
-        super().__init__(f"http://127.0.0.1:{port}", served_model_name, api_key)
+                 log_path: Path, api_key: str | None = None, host: str = "127.0.0.1", watchdog: bool = False):
+        super().__init__(f"http://{host}:{port}", served_model_name, api_key)
+        self.watchdog = watchdog
         self.argv = list(argv)
         self.env = dict(env)
         self.port = port
@@ -105,7 +111,7 @@ class VllmServer(_Endpoint):
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         started = time.monotonic()
         try:
-            self.proc = procs.spawn(self.argv, self.env, self.log_path)
+            self.proc = procs.spawn(self.argv, self.env, self.log_path, watchdog=self.watchdog)
         except OSError as error:
             raise ServerError(f"cannot start {self.argv[0]} ({error.strerror or error}); run scripts/setup.sh "
                               f"to install vLLM into .venv/") from None

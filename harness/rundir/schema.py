@@ -119,11 +119,59 @@ class Attestation(_Record):
 
 
 class Placement(_Record):
-    """Where an arm's server ran. Not recorded yet (every field None): the placement issue fills it."""
+    """Where one server session of an arm ran (harness.run.placement): ``backend`` "local" | "ray", the Ray node it
+    was asked for (``requested``: node id, labels or custom resource) and the one it got (``node`` id, ``node_ip``),
+    the CPU cores / GPUs it was pinned to (None: not pinned), the ``block`` (round) it served, and how vLLM ran its
+    workers: ``executor_backend`` ("uni", "mp", "ray"), ``world_size`` (TP × PP), ``nodes`` (ids of every node its
+    workers used), ``nccl_transport`` ("NET/IB", "NET/Socket", "P2P/SHM" or None: no NCCL line in the log)."""
 
+    backend: str = "local"
+    block: int | None = None
+    requested: dict[str, Any] = Field(default_factory=dict)
+    node: str | None = None
+    node_ip: str | None = None
     cpu_cores: tuple[int, ...] | None = None
     gpu_ids: tuple[int, ...] | None = None
+    executor_backend: str | None = None
+    world_size: int | None = None
+    nodes: tuple[str, ...] = ()
+    nccl_transport: str | None = None
+
+
+class NodeRecord(_Record):
+    """One Ray node of the cluster: id, address, labels, resources (``ray.nodes()``: CPU, GPU, memory, custom) and
+    the versions found on it by a task placed there (``ray``, ``vllm``, ``python``, ``torch``)."""
+
+    node_id: str
+    ip: str | None = None
+    alive: bool | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    resources: dict[str, float] = Field(default_factory=dict)
+    versions: dict[str, str | None] = Field(default_factory=dict)
+
+
+class Assignment(_Record):
+    """Which arm was to run where in one block (harness.run.placement.assignments)."""
+
+    block: int
+    arm: str
+    backend: str = "local"
     node: str | None = None
+    label: dict[str, str] | None = None
+    resource: str | None = None
+    cpu_cores: tuple[int, ...] | None = None
+    gpu_ids: tuple[int, ...] | None = None
+
+
+class ClusterRecord(_Record):
+    """The cluster a run used: backend, the Ray address (None locally), whether placements swapped per block, the
+    nodes, and the assignment of arms to slots per block. Each session's actual place is in its :class:`Placement`."""
+
+    backend: str = "local"
+    address: str | None = None
+    swap_nodes: bool = False
+    nodes: tuple[NodeRecord, ...] = ()
+    assignments: tuple[Assignment, ...] = ()
 
 
 class Injection(_Record):
@@ -175,6 +223,7 @@ class SessionRecord(_Record):
     server_start_s: float | None = None
     base_url: str | None = None
     startup: StartupRecord | None = None
+    placement: Placement | None = None
 
 
 STOPPED = "stopped"
@@ -294,6 +343,7 @@ class Manifest(_Record):
     estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
     imported_from: str | None = None            # the index CSV of ``dsa-bench import`` (None: measured by compare)
     stopped: StopRecord | None = None           # a sequential look or the budget ended the run early
+    cluster: ClusterRecord | None = None        # where the arms ran (None: written before placements were recorded)
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""
@@ -414,9 +464,10 @@ REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "c
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
-    "AccuracyRow", "ArmRecord", "Attestation", "EXIT_CODES", "GpuState", "Injection", "LEVELS", "LEVEL_COLUMNS",
-    "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest", "PARITY", "PARITY_DIR",
-    "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
+    "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
+    "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest",
+    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS",
+    "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
 ]
