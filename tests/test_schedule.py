@@ -92,7 +92,7 @@ def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its
     run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
     started = []
 
-    def start(arm):
+    def start(arm, block):
         run._new_session(run.arms[arm.name], 1.0, "http://127.0.0.1:1")
         started.append(arm.name)
         return _StubServer()

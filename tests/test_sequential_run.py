@@ -50,7 +50,7 @@ def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None 
     rng = np.random.default_rng(0)
     clock = [0.0]
 
-    def start(arm):
+    def start(arm, block):
         run._new_session(run.arms[arm.name], 1.0, _StubServer.base_url)
         return _StubServer()
 
