@@ -91,7 +91,7 @@ class BenchRow:
     @property
     def ideal(self) -> float:
         """Dense MACs / sparse MACs (the sparse arm's parts, exactly what it times)."""
-        return self.macs["dense"] / sum(self.macs[part] for part in PARTS)
+        return _mac_ratio(self.macs)
 
     def ideal_parts_ms(self) -> dict[str, float]:
         """Each sparse part's MACs at the dense arm's measured ms per MAC: what it would cost at dense's speed."""
@@ -114,7 +114,10 @@ def part_macs(settings: BenchSettings, T: int) -> dict[str, int]:
 
 def ideal_ratio(settings: BenchSettings, T: int) -> float:
     """Dense MACs / sparse MACs at context T (``part_macs``): the ratio if every part ran at one speed per MAC."""
-    macs = part_macs(settings, T)
+    return _mac_ratio(part_macs(settings, T))
+
+
+def _mac_ratio(macs: dict[str, int]) -> float:
     return macs["dense"] / sum(macs[part] for part in PARTS)
 
 
