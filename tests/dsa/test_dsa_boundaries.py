@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import dsa_route.dsa as dsa
-from dsa_route.dsa.bench import BenchSettings, format_table, ideal_ratio, run_bench
+from dsa_route.dsa.bench import BenchSettings, format_table, ideal_ratio, main, run_bench
 
 PACKAGE = Path(dsa.__file__).parent
 
@@ -41,6 +41,16 @@ def test_bench_runs_and_formats():
     for r in rows:  # the ideal row: each part's MACs at the dense arm's speed, summing to dense_ms / ideal
         assert sum(r.ideal_parts_ms().values()) == pytest.approx(r.dense_ms / r.ideal)
         assert r.ideal_parts_ms()["topk"] == 0 and r.ideal == pytest.approx(ideal_ratio(settings, r.context))
+
+
+def test_bench_command_prints_measured_and_ideal_rows(capsys):
+    rows = main(["--contexts", "64", "--topk", "32", "--heads", "2", "--index-heads", "2", "--hidden-size", "128",
+                 "--q-lora-rank", "32", "--batch", "2", "--repeats", "2", "--weight-dtype", "float32"])
+    out = capsys.readouterr().out
+    assert "batch=2" in out and "weights=float32" in out
+    measured, ideal = out.splitlines()[2:4]
+    assert measured.split()[:2] == ["64", "meas."] and float(measured.split()[8]) == round(rows[0].dense_over_sparse, 2)
+    assert ideal.split()[0] == "ideal" and float(ideal.split()[-1]) == round(rows[0].ideal, 2)
 
 
 def test_bench_ideal_ratio_counts_macs():
