@@ -2,30 +2,41 @@
 
     python -m dsa_route.dsa.bench                      # contexts 1k..16k, index_topk 2048, 128 heads / 64 index heads
     python -m dsa_route.dsa.bench --quick              # contexts 1k..4k, fewer repeats
-    python -m dsa_route.dsa.bench --contexts 8192 --repeats 21
+    python -m dsa_route.dsa.bench --contexts 8192 --repeats 21 --batch 1
 
 Shape legend: B sequences, T context tokens, H attention heads, Hi index heads, D hidden, Q q_lora_rank,
 L kv_lora_rank, R rope dims, I index_head_dim, K index_topk.
 
 Defaults are DeepSeek-V3.2's published dimensions (``scenarios/models/deepseek-v3.2/config.json``): H=128, Hi=64,
-D=7168, Q=1536, L=512, R=64, I=128. One decode step of one layer, B sequences, everything both arms do alike left out
-(the MLA projections, the latent-cache write); every cache is held dequantized in the bench dtype, for both arms:
+D=7168, Q=1536, L=512, R=64, I=128, and a decode batch of B=8 sequences. What is timed is one decode step of one layer
+minus everything both arms do alike: the MLA projections (``wq_a``, ``wq_b``, ``wkv_a``, the ``W_UK``/``W_UV``
+absorption, ``wo``) and the latent-cache write are the same work in both arms, so they are left out of both (with them
+the ideal ratio at T=8192 would be 2.4, not 3.1: they are ≈ 187 M MACs per token). The two arms:
   dense : absorbed MQA over all T cached latents                                        (``sparse_mla.dense_mqa``)
-  sparse: what only DSA does: the indexer projections (``Indexer``: ``wq_b``, ``wk`` + LayerNorm, ``weights_proj``,
-          RoPE, FP8 of q) for the B new tokens, the FP8 indexer-cache write of their keys, then per sequence the
-          indexer logits over T keys (``indexer_logits``), top-K (``topk_indices``) and absorbed MQA over the K selected
-          rows (``sparse_mla``).
-The arms and the sparse arm's parts are interleaved within each repeat (background load hits them alike); the table
-gives medians over repeats, ``dense/sparse`` is the median of the per-repeat ratios with its min-max spread, and
-``ideal`` the ratio of multiply-accumulate counts (``ideal_ratio``) — what the sparse arm would reach if every part ran
-at the dense arm's speed per MAC. At batch 1 the indexer projections are bound by reading their weights (``wq_b``
-alone is Q·Hi·I = 12.6 M parameters, 50 MB in fp32, per layer and step), which a batch of B new tokens shares:
-``--batch`` shows that amortization. Not a test: it prints numbers.
+  sparse: what only DSA does, timed part by part as well:
+          proj+wr    the indexer projections (``Indexer``: ``wq_b``, ``wk`` + LayerNorm, ``weights_proj``, RoPE, FP8
+                     of q) for the B new tokens and the FP8 indexer-cache write of their keys,
+          indexer    per sequence the indexer logits over T keys (``indexer_logits``),
+          topk       top-K of them (``topk_indices``),
+          sp_mla     absorbed MQA over the K selected rows (``sparse_mla``).
+Caches and queries are held dequantized in ``dtype`` (fp32 on CPU: the reference computes attention in fp32 anyway), for
+both arms. The indexer's weights and the activations they multiply are in ``weight_dtype``, by default bf16, the
+checkpoint's ``torch_dtype``: at small B these projections are bound by reading their weights (``wq_b`` alone is
+Q·Hi·I = 12.6 M parameters per layer: 25 MB in bf16, 50 MB in fp32, 12.6 MB as the FP8 checkpoint stores it), which
+the B new tokens share; ``--batch 1`` shows the unamortized case, ``--weight-dtype float32`` what fp32 weights cost.
+
+The arms (alternating which goes first) and the sparse arm's parts are interleaved within each repeat, so background
+load hits them alike. The table gives medians over repeats; ``dense/sparse`` is the median of the per-repeat ratios,
+with their interquartile range and min-max. Under each measured row, ``ideal``: each part's multiply-accumulates
+(``part_macs``) at the dense arm's measured time per MAC, and ``ideal_ratio``, dense MACs over the sparse arm's MACs —
+what the sparse arm would reach if each of its parts ran as fast per MAC as dense attention. Not a test: it prints
+numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -52,54 +63,79 @@ class BenchSettings:
     index_heads: int = 64
     hidden_size: int = 7168
     q_lora_rank: int = 1536
-    batch: int = 1
+    batch: int = 8
     repeats: int = 15
     warmup: int = 2
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    weight_dtype: torch.dtype = torch.bfloat16
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class BenchRow:
-    """Medians over repeats (ms per step, all B sequences) and the per-repeat dense/sparse ratios."""
+    """Medians over repeats (ms per step, all B sequences), the per-repeat dense/sparse ratios and the
+    multiply-accumulate counts per decode token (``part_macs``)."""
 
     context: int
     dense_ms: float
     sparse_ms: float
     parts_ms: dict[str, float]
     ratios: tuple[float, ...]
-    ideal: float
+    macs: dict[str, int]
 
     @property
     def dense_over_sparse(self) -> float:
         return statistics.median(self.ratios)
 
+    @property
+    def ideal(self) -> float:
+        """Dense MACs / sparse MACs (the sparse arm's parts, exactly what it times)."""
+        return _mac_ratio(self.macs)
 
-def ideal_ratio(settings: BenchSettings, T: int) -> float:
-    """Dense MACs / sparse MACs for one decode token at context T:
-    dense  ``H·T·(L+R) + H·T·L``                         (scores, then values)
-    sparse ``H·K·(L+R) + H·K·L + Hi·T·I + Hi·T + Q·Hi·I + D·I + D·Hi``  (attention over K = min(index_topk, T) rows,
-           indexer logits and head weighting over T keys, indexer projections)."""
+    def ideal_parts_ms(self) -> dict[str, float]:
+        """Each sparse part's MACs at the dense arm's measured ms per MAC: what it would cost at dense's speed."""
+        return {part: self.dense_ms * self.macs[part] / self.macs["dense"] for part in PARTS}
+
+
+def part_macs(settings: BenchSettings, T: int) -> dict[str, int]:
+    """Multiply-accumulates for one decode token at context T, per timed part (K = min(index_topk, T)):
+    dense        ``H·T·(L+R) + H·T·L``              scores, then values, over all T latents
+    projections  ``Q·Hi·I + D·I + D·Hi``            the indexer's wq_b, wk, weights_proj (top-k and the FP8 cache
+                                                   write are elementwise: 0)
+    indexer      ``Hi·T·I + Hi·T``                  logits over T keys, then the head weighting
+    topk         0
+    sparse_mla   ``H·K·(L+R) + H·K·L``              scores, then values, over the K selected latents."""
     H, Hi, D, Q = settings.heads, settings.index_heads, settings.hidden_size, settings.q_lora_rank
     K = min(settings.index_topk, T)
-    dense = H * T * (2 * L + R)
-    sparse = H * K * (2 * L + R) + Hi * T * (I + 1) + Q * Hi * I + D * I + D * Hi
-    return dense / sparse
+    return {"dense": H * T * (2 * L + R), "projections": Q * Hi * I + D * I + D * Hi, "indexer": Hi * T * (I + 1),
+            "topk": 0, "sparse_mla": H * K * (2 * L + R)}
+
+
+def ideal_ratio(settings: BenchSettings, T: int) -> float:
+    """Dense MACs / sparse MACs at context T (``part_macs``): the ratio if every part ran at one speed per MAC."""
+    return _mac_ratio(part_macs(settings, T))
+
+
+def _mac_ratio(macs: dict[str, int]) -> float:
+    return macs["dense"] / sum(macs[part] for part in PARTS)
 
 
 def _timed(fns: dict[str, Callable[[], object]], settings: BenchSettings) -> dict[str, list[float]]:
-    """Wall time of each ``fn()`` in ms per repeat (CUDA synchronised), the fns interleaved within each repeat."""
+    """Wall time of each ``fn()`` in ms per repeat (CUDA synchronised), the fns interleaved within each repeat. The
+    first two (the arms) swap places every other repeat, so neither always runs on caches the other just warmed."""
     sync = torch.cuda.synchronize if settings.device.startswith("cuda") else (lambda: None)
     for fn in fns.values():
         for _ in range(settings.warmup):
             fn()
     sync()
+    names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(settings.repeats):
-        for name, fn in fns.items():
+    for repeat in range(settings.repeats):
+        order = names if repeat % 2 == 0 else [names[1], names[0], *names[2:]]
+        for name in order:
             t0 = time.perf_counter()
-            fn()
+            fns[name]()
             sync()
             times[name].append((time.perf_counter() - t0) * 1e3)
     return times
@@ -109,14 +145,14 @@ def _timed(fns: dict[str, Callable[[], object]], settings: BenchSettings) -> dic
 def bench_context(settings: BenchSettings, T: int) -> BenchRow:
     """Time one decode step (one new token per sequence, at position T-1) for a context of T tokens."""
     g = torch.Generator().manual_seed(settings.seed)
-    B, H, dev, dt = settings.batch, settings.heads, settings.device, settings.dtype
+    B, H, dev, dt, wdt = settings.batch, settings.heads, settings.device, settings.dtype, settings.weight_dtype
     config = DsaConfig.tiny(hidden_size=settings.hidden_size, q_lora_rank=settings.q_lora_rank,
                             index_n_heads=settings.index_heads, index_head_dim=I, qk_rope_head_dim=R)
-    indexer = Indexer(config).to(dev, dt)
+    indexer = Indexer(config).to(dev, wdt)  # weights and the activations they multiply in the model's dtype
     for linear in (indexer.wq_b, indexer.wk, indexer.weights_proj):
         linear.weight.copy_(torch.randn(linear.weight.shape, generator=g) * linear.weight.shape[-1] ** -0.5)
-    x = torch.randn(B, 1, settings.hidden_size, generator=g).to(dev, dt)  # normed hidden of the new tokens
-    q_latent = torch.randn(B, 1, settings.q_lora_rank, generator=g).to(dev, dt)
+    x = torch.randn(B, 1, settings.hidden_size, generator=g).to(dev, wdt)  # normed hidden of the new tokens
+    q_latent = torch.randn(B, 1, settings.q_lora_rank, generator=g).to(dev, wdt)
     cos, sin = (t.to(dev) for t in RopeTable.for_config(config).cos_sin(torch.full((B, 1), T - 1)))
     q = torch.randn(B, 1, H, L + R, generator=g).to(dev, dt)  # absorbed MLA queries
     kv = torch.randn(B, T, L + R, generator=g).to(dev, dt)  # latent cache
@@ -150,7 +186,7 @@ def bench_context(settings: BenchSettings, T: int) -> BenchRow:
                  "sparse_mla": lambda: [sparse_mla(q[b], kv[b], indices[b], scale, L) for b in range(B)]}, settings)
     return BenchRow(context=T, dense_ms=statistics.median(ms["dense"]), sparse_ms=statistics.median(ms["sparse"]),
                     parts_ms={name: statistics.median(ms[name]) for name in PARTS},
-                    ratios=tuple(d / s for d, s in zip(ms["dense"], ms["sparse"])), ideal=ideal_ratio(settings, T))
+                    ratios=tuple(d / s for d, s in zip(ms["dense"], ms["sparse"])), macs=part_macs(settings, T))
 
 
 def run_bench(settings: BenchSettings) -> list[BenchRow]:
@@ -158,19 +194,30 @@ def run_bench(settings: BenchSettings) -> list[BenchRow]:
     return [bench_context(settings, T) for T in settings.contexts]
 
 
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def format_table(settings: BenchSettings, rows: list[BenchRow]) -> str:
-    head = (f"DSA decode step, one layer: device={settings.device} dtype={str(settings.dtype).removeprefix('torch.')} "
-            f"threads={torch.get_num_threads()} batch={settings.batch} heads={settings.heads} "
-            f"index_heads={settings.index_heads} hidden={settings.hidden_size} q_lora_rank={settings.q_lora_rank} "
-            f"index_topk={settings.index_topk} (kv_lora_rank {L}, rope {R}, index_head_dim {I}); "
-            f"median of {settings.repeats} interleaved repeats, ms per step")
-    lines = [head, f"{'context':>8} {'dense_ms':>9} {'sparse_ms':>9} {'proj+wr':>8} {'indexer':>8} {'topk':>7} "
-                   f"{'sp_mla':>7} {'dense/sparse':>12} {'[min, max]':>13} {'ideal':>6}"]
+    """The header (settings, threads, load average), then per context the measured row and the ``ideal`` row: each part's
+    MACs at the dense arm's measured speed per MAC, and the MAC-count ratio."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    head = (f"DSA decode step, one layer: device={settings.device} dtype={_name(settings.dtype)} "
+            f"weights={_name(settings.weight_dtype)} threads={torch.get_num_threads()} batch={settings.batch} "
+            f"heads={settings.heads} index_heads={settings.index_heads} hidden={settings.hidden_size} "
+            f"q_lora_rank={settings.q_lora_rank} index_topk={settings.index_topk} (kv_lora_rank {L}, rope {R}, "
+            f"index_head_dim {I}); median of {settings.repeats} interleaved repeats, ms per step (all {settings.batch} "
+            f"sequences); load average {load}")
+    lines = [head, f"{'context':>8} {'':>6} {'dense_ms':>9} {'sparse_ms':>9} {'proj+wr':>8} {'indexer':>8} {'topk':>7} "
+                   f"{'sp_mla':>7} {'dense/sparse':>12} {'[q1, q3]':>13} {'[min, max]':>13}"]
     for r in rows:
-        p = r.parts_ms
-        lines.append(f"{r.context:>8} {r.dense_ms:>9.3f} {r.sparse_ms:>9.3f} {p['projections']:>8.3f} "
+        q1, _, q3 = statistics.quantiles(r.ratios, n=4) if len(r.ratios) > 1 else (r.ratios[0],) * 3
+        p, ideal = r.parts_ms, r.ideal_parts_ms()
+        lines.append(f"{r.context:>8} {'meas.':>6} {r.dense_ms:>9.3f} {r.sparse_ms:>9.3f} {p['projections']:>8.3f} "
                      f"{p['indexer']:>8.3f} {p['topk']:>7.3f} {p['sparse_mla']:>7.3f} {r.dense_over_sparse:>12.2f} "
-                     f"{f'[{min(r.ratios):.2f}, {max(r.ratios):.2f}]':>13} {r.ideal:>6.2f}")
+                     f"{f'[{q1:.2f}, {q3:.2f}]':>13} {f'[{min(r.ratios):.2f}, {max(r.ratios):.2f}]':>13}")
+        lines.append(f"{'':>8} {'ideal':>6} {r.dense_ms:>9.3f} {sum(ideal.values()):>9.3f} {ideal['projections']:>8.3f} "
+                     f"{ideal['indexer']:>8.3f} {ideal['topk']:>7.3f} {ideal['sparse_mla']:>7.3f} {r.ideal:>12.2f}")
     return "\n".join(lines)
 
 
@@ -188,7 +235,10 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                        help="default: float32 on CPU, bfloat16 on CUDA")
+                        help="caches, queries and attention: default float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--weight-dtype", choices=("float32", "bfloat16"), default=_name(defaults.weight_dtype),
+                        help="the indexer's weights and input activations (default bfloat16: the checkpoint's "
+                             "torch_dtype)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads on CPU (default 1: on a shared box contended threads swamp the "
                              "difference being measured; 0 keeps torch's default)")
@@ -200,7 +250,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     settings = BenchSettings(contexts=contexts, index_topk=args.topk, heads=args.heads, index_heads=args.index_heads,
                              hidden_size=args.hidden_size, q_lora_rank=args.q_lora_rank, batch=args.batch,
                              repeats=args.repeats or (5 if args.quick else defaults.repeats), device=args.device,
-                             dtype=dtype)
+                             dtype=dtype, weight_dtype=getattr(torch, args.weight_dtype))
     rows = run_bench(settings)
     print(format_table(settings, rows))
     return rows

@@ -140,6 +140,19 @@ def test_topk_equals_the_stable_sort_under_heavy_ties(k):
     assert got[0].tolist() == list(range(min(k, T))) + [-1] * (k - min(k, T))  # lower index wins
 
 
+@pytest.mark.parametrize("k", [1, 5, 16, 47])
+def test_topk_equals_the_stable_sort_when_every_row_is_full(k):
+    """No invisible key in any row: the ascending order comes from the selection mask, not from a sort."""
+    S, T = 24, 48
+    logits = torch.randint(0, 4, (S, T), generator=_gen(k + 2)).float()
+    logits[0] = 1.0
+    logits[2, 7] = logits[2, 30] = float("nan")
+    logits[3, : k + 1] = float("nan")  # more NaNs than k: NaN is the boundary value
+    got = topk_indices(logits, k)
+    assert got.tolist() == _stable_sort_topk(logits, k)
+    assert got[0].tolist() == list(range(k)) and got[3].tolist() == list(range(k))
+
+
 def test_topk_ranks_nan_highest_like_torch_topk():
     logits = torch.tensor([[0.5, float("nan"), 3.0, float("-inf"), 2.0]])
     assert topk_indices(logits, 1).tolist() == [[1]] == torch.topk(logits, 1).indices.tolist()
