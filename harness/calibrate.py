@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "cmd_calibrate", "aa_overrides"]
+__all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa_check"]
 
 DEFAULT_SLOWDOWN = "step-delay:4"
 
@@ -47,7 +47,7 @@ def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
             "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
 
 
-def _run(args: argparse.Namespace, inject: str | None) -> tuple[int, Path]:
+def _run(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
     from harness.cli import UsageError, default_scenario, run_compare
     from harness.run import machine
     from harness.run.scenario import load_scenario
@@ -58,10 +58,19 @@ def _run(args: argparse.Namespace, inject: str | None) -> tuple[int, Path]:
         raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
     run_args = copy.copy(args)
     run_args.scenario = name
-    run_args.arm_overrides = aa_overrides(scenario.arms["baseline"], inject)
+    run_args.arm_overrides = {**aa_overrides(scenario.arms["baseline"], inject), **(extra or {})}
     run_args.gate, run_args.resume, run_args.continue_on_error = True, None, False
     run_args.base_url_baseline = run_args.base_url_candidate = None
     return run_compare(run_args)
+
+
+def run_aa_check(args: argparse.Namespace) -> dict[str, Any]:
+    """``[cluster] aa_check``: before the A/B, an A/A run of the baseline arm on both arms' placements, not swapped
+    (so a node or core-set effect shows instead of cancelling), in its own run directory and gated. Returns the A/B
+    manifest's ``aa_check`` record."""
+    _, run_dir = _run(args, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
+    figures = _figures(run_dir)
+    return {"run_dir": figures["run_dir"], "overall": figures["overall"], "reason": figures["reason"]}
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:

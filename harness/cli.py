@@ -76,6 +76,8 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
                          help="auto, host:port, ray://…, or local to start a head (cluster.address)")
     cluster.add_argument("--swap-nodes", action=argparse.BooleanOptionalAction, default=None,
                          help="exchange the arms' placements every other block (cluster.swap_nodes)")
+    cluster.add_argument("--aa-check", action=argparse.BooleanOptionalAction, default=None,
+                         help="first an A/A run of the baseline arm on both placements, unswapped (cluster.aa_check)")
     for arm in ("baseline", "candidate"):
         cluster.add_argument(f"--place-{arm}", metavar="SPEC",
                              help=f"{arm}'s placement: node=ID, label=KEY:VALUE, resource=NAME, cores=0-1, gpus=0,1 "
@@ -90,6 +92,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
         "cluster_backend": "cluster.backend", "ray_address": "cluster.address", "swap_nodes": "cluster.swap_nodes",
+        "aa_check": "cluster.aa_check",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
     overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
@@ -277,6 +280,10 @@ def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
     else:
         plan, _ = _build_plan(args, to_run=options.base_urls is None)
         run_dir, stored = None, None
+        if plan.scenario.cluster.aa_check and options.base_urls is None:
+            from harness.calibrate import run_aa_check
+
+            options.aa_check = run_aa_check(args)
     if plan.scenario.accuracy.enabled:   # a wrong explicit data dir is an error before anything starts
         try:
             options.gsm8k = accuracy.resolve_data_dir(args.gsm8k_data, plan.scenario.accuracy.data_dir)

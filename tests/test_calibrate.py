@@ -74,3 +74,39 @@ def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded(tmp_path, monkeypatch):
+    import argparse
+    import shutil
+
+    from harness import calibrate, cli, gate
+    from harness.rundir.schema import Manifest
+    from harness.rundir.store import RunDir
+
+    run_dir = tmp_path / "aa"
+    shutil.copytree("tests/fixtures/compare_run", run_dir)
+    aa_overall = gate.run_gate(run_dir).status
+    seen = {}
+
+    def fake_compare(args):
+        seen.update(args.arm_overrides)
+        return 0, run_dir
+
+    monkeypatch.setattr(cli, "run_compare", fake_compare)
+    args = argparse.Namespace(scenario="cpu-tiny-dsa", tp=None, quant=None, inject_candidate=None)
+    record = calibrate.run_aa_check(args)
+    assert seen["cluster.swap_nodes"] is False and seen["cluster.aa_check"] is False
+    assert seen["arms.candidate.route"] == load_scenario("cpu-tiny-dsa").arms["baseline"].route
+    assert record == {"run_dir": str(run_dir), "overall": str(aa_overall), "reason": record["reason"]}
+
+    data = RunDir(run_dir).manifest().model_dump(mode="json")
+    data["aa_check"] = {**record, "overall": "FAIL"}
+    manifest = Manifest.model_validate(data)
+    store = RunDir(run_dir)
+    from harness.judge.policy import GatePolicy
+    from harness.judge.verdict import evaluate
+
+    verdict = evaluate(manifest, store.levels(numeric=True), store.requests(numeric=True), None,
+                       GatePolicy(primary=("output_throughput",), require_attestation=False))
+    assert any("A/A check across the placements" in n and "placements differ" in n for n in verdict.notes)

@@ -396,6 +396,11 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
     status, reason = overall(results)
     notes = [] if look is None else [look.describe()]
+    check = manifest.aa_check
+    if check is not None:
+        notes.append(f"A/A check across the placements before this run: {check.overall} ({check.run_dir})"
+                     + (" — the placements differ: swapping cancels a constant node effect, not one that interacts "
+                        "with the arms" if check.overall == "FAIL" else ""))
     if manifest.stopped is not None:
         notes.append(f"the run stopped before its last planned session block — {manifest.stopped.reason}")
     run_status = manifest.status

@@ -47,6 +47,7 @@ class RunOptions:
     base_urls: dict[str, str] | None = None
     gsm8k: accuracy.GsmData | None = None   # where GSM8K comes from; None or source "skip" → not run
     budget_s: float | None = None   # no session block starts that would end past this many seconds of the run
+    aa_check: dict[str, Any] | None = None   # the [cluster] aa_check run's record, for the manifest
 
 
 class Runner:
@@ -113,7 +114,8 @@ class Runner:
             "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
             "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
             "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "cluster": cluster_info.manifest_record(
+            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "aa_check": self.options.aa_check,
+            "cluster": cluster_info.manifest_record(
                 plan.scenario.cluster, [arm.name for arm in plan.arms], plan.scenario.workload.repeats),
         }
 

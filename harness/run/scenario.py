@@ -165,6 +165,7 @@ class ClusterSpec(_Frozen):
     swap_nodes: bool = False
     gpus_per_node: int | None = Field(default=None, ge=0)
     allow_version_skew: bool = False
+    aa_check: bool = False   # first an A/A run of the baseline arm on both placements, not swapped (its own run dir)
     arms: dict[str, ArmPlacementSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")

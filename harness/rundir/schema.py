@@ -231,6 +231,15 @@ STOPPED = "stopped"
 (``"stopped: <reason>"``; the manifest's ``stopped`` says why). Not a failure: the gate judges the sessions that ran."""
 
 
+class AaCheckRecord(_Record):
+    """``manifest.json`` ``aa_check``: the A/A run of the baseline arm on both placements before the A/B
+    (``[cluster] aa_check``) — its run directory and verdict."""
+
+    run_dir: str
+    overall: str | None = None
+    reason: str | None = None
+
+
 class StopRecord(_Record):
     """Why a run stopped before its last planned session block (``manifest.json`` ``stopped``)."""
 
@@ -343,6 +352,7 @@ class Manifest(_Record):
     estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
     imported_from: str | None = None            # the index CSV of ``dsa-bench import`` (None: measured by compare)
     stopped: StopRecord | None = None           # a sequential look or the budget ended the run early
+    aa_check: AaCheckRecord | None = None       # the A/A run across the placements before this A/B
     cluster: ClusterRecord | None = None        # where the arms ran (None: written before placements were recorded)
 
     def arm(self, name: str) -> ArmRecord | None:
