@@ -48,14 +48,12 @@ def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
-    from harness.cli import UsageError, default_scenario, run_compare
+    from harness.cli import default_scenario, run_compare
     from harness.run import machine
     from harness.run.scenario import load_scenario
 
     name = args.scenario or default_scenario(machine.detect().name, args.tp, args.quant)
     scenario = load_scenario(name)
-    if args.inject_candidate:
-        raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
     run_args = copy.copy(args)
     run_args.scenario = name
     run_args.arm_overrides = {**aa_overrides(scenario.arms["baseline"], inject), **(extra or {})}
@@ -113,6 +111,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from dsa_route.inject import parse_injection
     from harness.cli import UsageError
 
+    if args.inject_candidate:
+        raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
     try:
         parse_injection(args.slowdown)
     except ValueError as error:
