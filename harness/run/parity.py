@@ -1,9 +1,10 @@
 """Output parity between the arms: the same fixed prompts, greedy, to each arm's server; compare the token ids.
 
-Before the load sweep each arm gets the scenario's ``[parity]`` prompts (:func:`prompts_of`: :func:`fixed_prompts`, or
-the arithmetic task's own 0-shot prompts, :func:`task_prompts`; default 16, all sent at once unless ``concurrency``
-says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` by default (every prompt
-yields exactly ``max_tokens`` tokens; off, a request stops at the model's end of sequence), ``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
+Before the load sweep each arm gets the scenario's ``[parity]`` prompts (:func:`prompts_of`: :func:`fixed_prompts`,
+or the arithmetic task's own 0-shot prompts, :func:`task_prompts`; default 16, all sent at once unless
+``concurrency`` says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` by default
+(every prompt yields exactly ``max_tokens`` tokens; off, a request stops at the model's end of sequence),
+``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
 ``return_tokens_as_token_ids`` (top-logprob keys are ``"token_id:<id>"``, unambiguous even when two byte-level tokens
 decode to the same text). Fields as in vLLM 0.32 ``entrypoints/openai/completion/protocol.py``
 (``CompletionRequest``, ``CompletionResponseChoice.token_ids``, ``CompletionLogProbs``).
@@ -306,8 +307,8 @@ def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, head
     """
     rows = collect(base_url, served_model_name, prompts_of(prompts, n), max_tokens, headers, timeout_s, concurrency,
                    ignore_eos)
-    return save_arm(run_dir, arm, rows, {"prompts": prompts, "n": n, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos, "logprobs": 2,
-                                         "concurrency": concurrency or n})
+    return save_arm(run_dir, arm, rows, {"prompts": prompts, "n": n, "max_tokens": max_tokens, "temperature": 0.0,
+                                         "ignore_eos": ignore_eos, "logprobs": 2, "concurrency": concurrency or n})
 
 
 def compare_run_dir(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),
