@@ -286,7 +286,9 @@ def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
             options.aa_check = run_aa_check(args)
     if plan.scenario.accuracy.enabled:   # a wrong explicit data dir is an error before anything starts
         try:
-            options.gsm8k = accuracy.resolve_data_dir(args.gsm8k_data, plan.scenario.accuracy.data_dir)
+            spec = plan.scenario.accuracy
+            options.gsm8k = accuracy.resolve_data_dir(args.gsm8k_data, spec.data_dir, task=spec.task,
+                                                      limit=spec.limit)
         except accuracy.AccuracyError as error:
             raise UsageError(str(error)) from None
     if run_dir is None:

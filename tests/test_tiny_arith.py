@@ -156,6 +156,11 @@ def test_injections_change_selection_and_restore(tok):
             pass
 
 
+@pytest.mark.parametrize("drop, parity, expected", [(15.0, 0.49, True), (14.9, 0.0, False), (50.0, 0.5, False)])
+def test_sensitivity_criteria_are_the_issues(drop, parity, expected):
+    assert sensitivity.sensitive({"drop_points": {"strict-match": drop}, "parity": parity}) is expected
+
+
 def test_cli_bad_checkpoint_exits_2(tmp_path):
     assert evaluate.main(["--checkpoint", str(tmp_path)]) == 2
     assert sensitivity.main(["--checkpoint", str(tmp_path)]) == 2

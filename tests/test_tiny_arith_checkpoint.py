@@ -46,3 +46,4 @@ def test_random_selection_costs_accuracy_and_parity(loaded):
     report = sensitivity.run(model, tok, 64, kinds=("topk-random",))
     assert report["topk-random"]["drop_points"]["strict-match"] >= 15, report
     assert report["topk-random"]["parity"] < 0.5, report
+    assert sensitivity.sensitive(report["topk-random"])

@@ -299,6 +299,24 @@ def test_gsm8k_cell_pairs_questions_and_reports_mcnemar(run8):
     assert cell.status == Status.INCONCLUSIVE and cell.samples_needed > 50
 
 
+@pytest.mark.parametrize("loss", [15, 50])
+def test_the_defaults_accuracy_cell_fails_a_15_point_loss_at_its_n(run8, loss):
+    """The embedded default's policy and question count (cpu-tiny-dsa: 128 generated problems): a candidate that
+    loses ``loss`` points — a broken indexer loses ≈ 50 — FAILs the accuracy cell and the run (exit code 1),
+    whatever the other cells say."""
+    from harness.gate import exit_code
+    from harness.run.scenario import load_scenario
+
+    scenario = load_scenario("cpu-tiny-dsa").effective()
+    n = scenario.accuracy.limit
+    wrong = set(range(n // 2))                                   # baseline ≈ 50 %, the candidate ``loss`` points less
+    policy = scenario.gate.model_copy(update={"primary": ("output_throughput", "gsm8k_accuracy")})
+    result = _evaluate(run8, policy, _accuracy_frame(n, wrong, wrong | set(range(n // 2, n // 2 + loss * n // 100))))
+    cell = next(c for c in result.primary if c.metric == "gsm8k_accuracy")
+    assert n == 128 and cell.status == Status.FAIL and cell.delta <= -loss + 1
+    assert result.status == Status.FAIL and exit_code(result.status) == 1
+
+
 def test_gsm8k_unpaired_or_wrong_filter_is_invalid(run8):
     policy = GatePolicy(primary=("output_throughput", "gsm8k_accuracy"))
     frame = _accuracy_frame(100, set(), set())

@@ -69,7 +69,7 @@ def gsm8k_section(summary: AccuracySummary | None, gpu: bool, verdict: Any = Non
     if first is not None:
         setup = (f"lm-eval task {show(first.task)}, {show(first.num_fewshot)}-shot, "
                  f"{'full test set' if first.limit is None else f'first {first.limit} questions'}, data: "
-                 f"{show(first.source)}")
+                 f"{show(first.data or first.source)}")
     return {"arms": rows, "paired": paired, "notes": notes, "setup": setup,
             "reference": GSM8K_REFERENCE if gpu else None, "reference_pct": GSM8K_REFERENCE_PCT if gpu else None}
 

@@ -137,6 +137,7 @@ class ArmResult:
     samples_jsonl: str | None = None
     log: str | None = None
     command: list[str] = field(default_factory=list)
+    data: str | None = None                       # what ran: GsmData.reason (task, seeds, directory)
 
 
 def run_gsm8k(run_dir: Path, arm: str, endpoint: Endpoint, data: GsmData, settings: GsmSettings = GsmSettings(),
@@ -169,7 +170,7 @@ def run_gsm8k(run_dir: Path, arm: str, endpoint: Endpoint, data: GsmData, settin
     log_path = RunDir(run_dir).log_path(f"{arm}-lm-eval.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     result = ArmResult(arm=arm, status="running", task=task, source=data.source, num_fewshot=settings.num_fewshot,
-                       limit=settings.limit, log=str(log_path.relative_to(run_dir)), command=argv)
+                       limit=settings.limit, log=str(log_path.relative_to(run_dir)), command=argv, data=data.reason)
     started = time.monotonic()
     code = _run_lm_eval(argv, _child_env(env, data, endpoint.api_key), log_path, arm, endpoint, settings)
     result.wall_s = round(time.monotonic() - started, 2)

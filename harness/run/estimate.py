@@ -8,11 +8,12 @@ The model, per part (each with the low and the high end of a stated throughput p
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
   not throughput);
-- output parity: per session, ``PARITY_PROMPTS`` greedy requests of ``PARITY_TOKENS`` tokens, one at a time
-  (harness.run.parity);
+- output parity: per session, ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
+  (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
   ``GSM8K_PROMPT_TOKENS`` few-shot prompt and ``GSM8K_OUTPUT_TOKENS`` generated tokens (lm-eval's ``max_gen_toks``
-  for gsm8k), ``num_concurrent`` at a time.
+  for gsm8k), ``num_concurrent`` at a time; task ``tiny-arith``: ``ARITH_PROMPT_TOKENS`` and ``ARITH_OUTPUT_TOKENS``
+  (the longest 0-shot prompt and answer of its first 32 parity problems, measured on the committed checkpoint).
 
 GPU-hours = wall hours × GPUs held: ``tensor_parallel_size`` per server, × the arms when both servers stay up.
 The priors are assumptions, not measurements; ``dsa-bench compare`` records the estimate next to the actual timing
@@ -26,10 +27,10 @@ from dataclasses import asdict, dataclass
 
 from harness.run.plan import Plan
 
-PARITY_PROMPTS, PARITY_TOKENS = 16, 64          # harness.run.parity.run defaults
 GSM8K_TEST_QUESTIONS = 1319                     # GSM8K test split (Cobbe et al. 2021), lm-eval task "gsm8k"
 GSM8K_PROMPT_TOKENS = 900                       # 5-shot chain-of-thought prompt + question, ≈ 150 tokens per example
 GSM8K_OUTPUT_TOKENS = 256                       # lm-eval gsm8k generation_kwargs max_gen_toks
+ARITH_PROMPT_TOKENS, ARITH_OUTPUT_TOKENS = 93, 70  # tiny-arith 0-shot: longest prompt / greedy answer of 32 problems
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,13 @@ def _gsm8k_s(plan: Plan, prior: Prior, end: int) -> float:
     spec = plan.scenario.accuracy
     if not spec.enabled:
         return 0.0
-    questions = GSM8K_TEST_QUESTIONS if spec.limit is None else min(spec.limit, GSM8K_TEST_QUESTIONS)
+    if spec.task == "tiny-arith":
+        questions, lengths = spec.limit or 0, (ARITH_PROMPT_TOKENS, ARITH_OUTPUT_TOKENS)
+    else:
+        questions = GSM8K_TEST_QUESTIONS if spec.limit is None else min(spec.limit, GSM8K_TEST_QUESTIONS)
+        lengths = (GSM8K_PROMPT_TOKENS, GSM8K_OUTPUT_TOKENS)
     waves = math.ceil(questions / min(spec.num_concurrent, prior.saturation))
-    return len(plan.arms) * waves * _request_s(GSM8K_PROMPT_TOKENS, GSM8K_OUTPUT_TOKENS, prior, end)
+    return len(plan.arms) * waves * _request_s(*lengths, prior, end)
 
 
 def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
@@ -126,7 +131,8 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
     def parts_at(end: int) -> dict[str, float]:
         return {"server starts": count * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
-                "parity": count * PARITY_PROMPTS * _request_s(0, PARITY_TOKENS, prior, end),
+                "parity": count * math.ceil(plan.scenario.parity.n / prior.saturation)
+                * _request_s(0, plan.scenario.parity.max_tokens, prior, end),
                 "GSM8K": _gsm8k_s(plan, prior, end)}
 
     slow, fast = parts_at(0), parts_at(1)

@@ -1,8 +1,10 @@
 """Output parity between the arms: the same fixed prompts, greedy, to each arm's server; compare the token ids.
 
-Before the load sweep each arm gets :func:`fixed_prompts` (default 16 prompts, all sent at once unless
-``concurrency`` says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` (every prompt
-yields exactly ``max_tokens`` tokens), ``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
+Before the load sweep each arm gets the scenario's ``[parity]`` prompts (:func:`prompts_of`: :func:`fixed_prompts`,
+or the arithmetic task's own 0-shot prompts, :func:`task_prompts`; default 16, all sent at once unless
+``concurrency`` says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` by default
+(every prompt yields exactly ``max_tokens`` tokens; off, a request stops at the model's end of sequence),
+``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
 ``return_tokens_as_token_ids`` (top-logprob keys are ``"token_id:<id>"``, unambiguous even when two byte-level tokens
 decode to the same text). Fields as in vLLM 0.32 ``entrypoints/openai/completion/protocol.py``
 (``CompletionRequest``, ``CompletionResponseChoice.token_ids``, ``CompletionLogProbs``).
@@ -64,6 +66,30 @@ def fixed_prompts(n: int = 16, seed: int = 0) -> list[str]:
     return prompts
 
 
+PARITY_TASK_SEED = 2
+"""Seed of the ``tiny-arith`` parity problems: a stream neither the test split (1) nor the training stream (0)."""
+
+
+def task_prompts(n: int = 16, seed: int = PARITY_TASK_SEED) -> list[str]:
+    """``n`` 0-shot prompts of the arithmetic task (:mod:`dsa_route.tiny.arith.task`), exactly as lm-eval's ``gsm8k``
+    prompts them (``"Question: …\nAnswer:"``): what the trained ``tiny-deepseek-v32-arith`` model answers."""
+    from dsa_route.tiny.arith.task import generate, prompt_text
+
+    return [prompt_text(problem.question) for problem in generate(n, seed)]
+
+
+def prompts_of(kind: str, n: int) -> list[str]:
+    """The parity prompts of a scenario's ``parity.prompts`` (``generic`` or ``tiny-arith``).
+
+    Raises:
+        ValueError: an unknown kind."""
+    if kind == "generic":
+        return fixed_prompts(n)
+    if kind == "tiny-arith":
+        return task_prompts(n)
+    raise ValueError(f"parity.prompts: expected generic or tiny-arith, got {kind!r}")
+
+
 def _token_id(key: str) -> int:
     """``"token_id:123"`` → 123 (``return_tokens_as_token_ids`` format)."""
     return int(str(key).rsplit(":", 1)[-1])
@@ -91,16 +117,18 @@ def parse_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
     return {"token_ids": [int(t) for t in token_ids], "logprobs": chosen, "top": top}
 
 
-def request_body(served_model_name: str, prompt: str, max_tokens: int, seed: int = 0) -> dict[str, Any]:
-    """The ``/v1/completions`` body of one parity request (greedy, fixed length, logprobs top 2, token ids)."""
+def request_body(served_model_name: str, prompt: str, max_tokens: int, seed: int = 0,
+                 ignore_eos: bool = True) -> dict[str, Any]:
+    """The ``/v1/completions`` body of one parity request (greedy, ``max_tokens`` — exactly that many unless
+    ``ignore_eos`` is false —, logprobs top 2, token ids)."""
     return {"model": served_model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "seed": seed, "ignore_eos": True, "logprobs": 2, "return_token_ids": True,
+            "seed": seed, "ignore_eos": ignore_eos, "logprobs": 2, "return_token_ids": True,
             "return_tokens_as_token_ids": True}
 
 
 def collect(base_url: str, served_model_name: str, prompts: Sequence[str], max_tokens: int = 64,
             headers: Mapping[str, str] | None = None, timeout_s: float = 300.0,
-            concurrency: int | None = None) -> list[dict[str, Any]]:
+            concurrency: int | None = None, ignore_eos: bool = True) -> list[dict[str, Any]]:
     """Send the prompts, at most ``concurrency`` in flight (None: all at once), and record the generated tokens.
 
     All at once is the default because it is ~9× faster on 2 CPU cores (16 × 64 tokens on cpu-tiny: 2.9 s against
@@ -121,7 +149,7 @@ def collect(base_url: str, served_model_name: str, prompts: Sequence[str], max_t
     def one(index: int) -> dict[str, Any]:
         prompt = prompts[index]
         response = requests.post(f"{base_url}/v1/completions",
-                                 json=request_body(served_model_name, prompt, max_tokens),
+                                 json=request_body(served_model_name, prompt, max_tokens, ignore_eos=ignore_eos),
                                  headers=dict(headers or {}), timeout=timeout_s)
         response.raise_for_status()
         choice = response.json()["choices"][0]
@@ -269,17 +297,18 @@ def load_comparison(run_dir: Path) -> dict[str, Any] | None:
 
 
 def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, headers: Mapping[str, str] | None = None,
-            n: int = 16, max_tokens: int = 64, seed: int = 0, timeout_s: float = 300.0,
-            concurrency: int | None = None) -> Path:
-    """:func:`collect` :func:`fixed_prompts` from one arm's running server and :func:`save_arm` them (the runner's
-    one call per arm, before the sweep). Returns the written path.
+            n: int = 16, max_tokens: int = 64, timeout_s: float = 300.0,
+            concurrency: int | None = None, prompts: str = "generic", ignore_eos: bool = True) -> Path:
+    """:func:`collect` the ``n`` prompts of kind ``prompts`` (:func:`prompts_of`) from one arm's running server and
+    :func:`save_arm` them (the runner's one call per arm, before the sweep). Returns the written path.
 
     Raises:
         requests.RequestException, ValueError: as :func:`collect`.
     """
-    rows = collect(base_url, served_model_name, fixed_prompts(n, seed), max_tokens, headers, timeout_s, concurrency)
-    return save_arm(run_dir, arm, rows, {"n": n, "max_tokens": max_tokens, "seed": seed, "temperature": 0.0,
-                                         "ignore_eos": True, "logprobs": 2, "concurrency": concurrency or n})
+    rows = collect(base_url, served_model_name, prompts_of(prompts, n), max_tokens, headers, timeout_s, concurrency,
+                   ignore_eos)
+    return save_arm(run_dir, arm, rows, {"prompts": prompts, "n": n, "max_tokens": max_tokens, "temperature": 0.0,
+                                         "ignore_eos": ignore_eos, "logprobs": 2, "concurrency": concurrency or n})
 
 
 def compare_run_dir(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),

@@ -303,7 +303,9 @@ class Runner:
             return
         started = time.monotonic()
         try:
-            parity.run_arm(self.run_dir, arm, server.base_url, server.served_model_name, server.headers)
+            spec = self.plan.scenario.parity
+            parity.run_arm(self.run_dir, arm, server.base_url, server.served_model_name, server.headers, n=spec.n,
+                           max_tokens=spec.max_tokens, prompts=spec.prompts, ignore_eos=spec.ignore_eos)
         except (requests.RequestException, ValueError) as error:
             self.console.print(f"[yellow]{arm}: parity prompts failed ({escape(str(error))}); the report will say so[/]")
         self.timing["parity_s"] += time.monotonic() - started

@@ -56,8 +56,9 @@ class _Frozen(BaseModel):
 class ModelSpec(_Frozen):
     """The model under test.
 
-    ``id`` is a local path, a Hugging Face id, or ``generated:<name>`` for a model dsa-bench makes itself
-    (:func:`dsa_route.tiny.v3.ensure_tiny_model`). ``hf_config_path`` (relative to ``scenarios/``) ships the
+    ``id`` is a local path, a Hugging Face id, or ``generated:<name>`` for a tiny model of the project
+    (:func:`dsa_route.tiny.ensure_model`: a seeded preset generated on first use, or ``tiny-deepseek-v32-arith``, the
+    committed checkpoint trained in-repo on the ``tiny-arith`` task). ``hf_config_path`` (relative to ``scenarios/``) ships the
     config.json for dummy-weight runs so no hub access is needed for the config.
     """
 
@@ -235,20 +236,52 @@ class MtpSpec(_Frozen):
     num_speculative_tokens: int = Field(default=0, ge=0)
 
 
+TASKS = ("gsm8k", "tiny-arith")
+"""What lm-eval's ``gsm8k`` task (its prompt, filters and metric) runs on: ``gsm8k`` the real GSM8K (``data_dir``,
+``../shared/data/gsm8k`` or the hub), ``tiny-arith`` GSM8K-format arithmetic problems generated at run time by
+:mod:`dsa_route.tiny.arith.task` (train seed 0, test seed 1; the task of ``generated:tiny-deepseek-v32-arith``)."""
+
+
 class AccuracySpec(_Frozen):
-    """GSM8K through lm-eval. ``limit`` None = full test set; ``data_dir`` holds train/test.jsonl."""
+    """GSM8K-format accuracy through lm-eval. ``task`` one of :data:`TASKS`; ``limit`` None = full test set (for
+    ``tiny-arith``: the number of test problems generated, required); ``data_dir`` holds train/test.jsonl (``gsm8k``
+    only)."""
 
     enabled: bool = False
-    task: Literal["gsm8k"] = "gsm8k"
+    task: Annotated[str, AfterValidator(_one_of("accuracy.task", TASKS))] = "gsm8k"
     num_fewshot: int = Field(default=5, ge=0)
     limit: int | None = Field(default=None, gt=0)
     data_dir: str | None = None
     num_concurrent: int = Field(default=8, gt=0)
     timeout_s: float = Field(default=3600.0, gt=0)
 
+    @model_validator(mode="after")
+    def _generated_task(self) -> "AccuracySpec":
+        if self.task == "tiny-arith" and self.data_dir is not None:
+            raise ValueError("accuracy.data_dir is for task gsm8k; task tiny-arith generates its own data (drop "
+                             "data_dir, or set task = \"gsm8k\")")
+        if self.task == "tiny-arith" and self.limit is None:
+            raise ValueError("task tiny-arith needs accuracy.limit: the number of test problems to generate (e.g. 128)")
+        return self
+
+
+PARITY_PROMPTS = ("generic", "tiny-arith")
+"""Where the parity prompts come from: ``generic`` :func:`harness.run.parity.fixed_prompts` (English GSM8K-like
+sentences), ``tiny-arith`` 0-shot prompts of the arithmetic task (seed 2: neither the train nor the test split)."""
+
+
+class ParitySpec(_Frozen):
+    """Output parity: ``n`` greedy prompts of ``prompts`` (:data:`PARITY_PROMPTS`), ``max_tokens`` each;
+    ``ignore_eos`` false stops a request at the model's end-of-sequence (the answer is the unit compared)."""
+
+    prompts: Annotated[str, AfterValidator(_one_of("parity.prompts", PARITY_PROMPTS))] = "generic"
+    n: int = Field(default=16, gt=0)
+    max_tokens: int = Field(default=64, gt=0)
+    ignore_eos: bool = True
+
 
 class Scenario(_Frozen):
-    """A whole run: model, serve options, the two arms, workload, MTP, accuracy and gate policy."""
+    """A whole run: model, serve options, the two arms, workload, MTP, accuracy, parity and gate policy."""
 
     name: str
     description: str = ""
@@ -261,6 +294,7 @@ class Scenario(_Frozen):
     workload: WorkloadSpec
     mtp: MtpSpec = MtpSpec()
     accuracy: AccuracySpec = AccuracySpec()
+    parity: ParitySpec = ParitySpec()
     gate: GatePolicy = GatePolicy()
     cluster: ClusterSpec = ClusterSpec()
     allow_identical_arms: bool = False   # A/A calibration: both arms the same path on purpose

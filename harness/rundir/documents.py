@@ -30,6 +30,7 @@ class AccuracyArm(_Open):
     status: str = "not run"
     task: str | None = None
     source: str | None = None
+    data: str | None = None     # which data ran (task, seeds, directory), e.g. "tiny-arith: ... generated ..."
     num_fewshot: int | None = None
     limit: int | None = None
     filters: dict[str, AccuracyFilter] = Field(default_factory=dict)

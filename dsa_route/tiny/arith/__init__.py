@@ -5,5 +5,10 @@ Modules: ``task`` (seeded problem generator, GSM8K jsonl), ``tokenizer`` (a byte
 ``trainer_model`` (a batched, differentiable formulation of :class:`dsa_route.dsa.DsaForCausalLM`), ``train``
 (the DeepSeek-V3.2 recipe scaled down), ``evaluate`` (strict / flexible GSM8K scoring in the reference model) and
 ``sensitivity`` (accuracy and parity with the indexer's selection broken). The committed checkpoint lives in
-``checkpoint/``.
+``checkpoint/`` (:data:`CHECKPOINT_DIR`).
 """
+
+from pathlib import Path
+
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoint"
+"""The committed checkpoint (HF format; :mod:`.model` describes its files)."""

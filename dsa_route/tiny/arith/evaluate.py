@@ -26,10 +26,8 @@ import torch
 from dsa_route.dsa import DsaForCausalLM
 
 from .model import CHECKPOINT_DIR
-from .task import Problem, generate, prompt_text
+from .task import TEST_SEED, Problem, generate, prompt_text
 from .tokenizer import EOS_ID, load_tokenizer
-
-TEST_SEED = 1
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,9 +26,10 @@ import torch
 
 from dsa_route.dsa import DsaConfig, DsaForCausalLM
 
+from . import CHECKPOINT_DIR
 from .tokenizer import BOS_ID, EOS_ID, save_tokenizer
 
-CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoint"
+__all__ = ["CHECKPOINT_DIR", "arith_config", "export_checkpoint"]
 
 
 def arith_config(vocab_size: int, **overrides) -> DsaConfig:

@@ -30,6 +30,9 @@ from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
 from .task import generate
 
 INJECTIONS = ("topk-random", "indexer-rope-flip")
+MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
+"""What "sparse attention matters" means for the checkpoint: each defect loses at least this many strict-match
+points and keeps fewer than this share of the correct path's answers token for token."""
 
 
 @contextlib.contextmanager
@@ -87,7 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         extra = "" if kind == "correct" else (f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %")
         print(f"{kind:18s} {acc}{extra}")
     print(json.dumps(report))
+    met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
+    print(f"sparse attention matters (drop ≥ {MIN_DROP_POINTS:g} pts strict-match and parity < "
+          f"{100 * MAX_PARITY:g} %): {len(met)}/{len(args.inject or INJECTIONS)} defects")
     return 0
+
+
+def sensitive(defect: dict) -> bool:
+    """Whether one defect's entry of :func:`run` meets :data:`MIN_DROP_POINTS` and :data:`MAX_PARITY`."""
+    return defect["drop_points"]["strict-match"] >= MIN_DROP_POINTS and defect["parity"] < MAX_PARITY
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_VALUE = 20
+TRAIN_SEED, TEST_SEED = 0, 1
+"""The splits' problem streams: training (and lm-eval's few-shot pool) draws seed 0, the test split seed 1."""
 NAMES = ("Tom", "Anna", "Ben", "Mia", "Sam", "Lily", "Max", "Zoe", "Leo", "Emma", "Jack", "Lucy", "Omar", "Nina",
          "Ravi", "Kate")
 ITEMS = ("apples", "pears", "books", "coins", "cards", "shells", "pens", "stamps")
@@ -129,8 +131,8 @@ def generate(n: int, seed: int, **kwargs) -> list[Problem]:
     return [make_problem(rng, **kwargs) for _ in range(n)]
 
 
-def write_gsm8k_dir(out: str | Path, *, n_train: int = 64, n_test: int = 256, train_seed: int = 0,
-                    test_seed: int = 1) -> Path:
+def write_gsm8k_dir(out: str | Path, *, n_train: int = 64, n_test: int = 256, train_seed: int = TRAIN_SEED,
+                    test_seed: int = TEST_SEED) -> Path:
     """Write ``out/train.jsonl`` and ``out/test.jsonl`` (GSM8K records) and return ``out``.
 
     The train split here only serves lm-eval's few-shot sampler; training draws its own stream (``train_seed``)."""
