@@ -31,7 +31,7 @@ from harness.judge.verdict import Verdict, evaluate
 from harness.rundir.schema import LevelKey, Manifest
 
 __all__ = ["RecordedSession", "SessionPool", "session_pool", "SimulatedRun", "draw_run", "run_tables", "judge_first",
-           "Rates", "simulate", "noise", "Noise", "clopper_pearson"]
+           "Rates", "simulate", "noise", "Noise", "pooled_pair_spread", "clopper_pearson"]
 
 THROUGHPUT_COLUMNS = ("output_throughput", "total_token_throughput", "request_throughput")
 LATENCY_LEVEL_COLUMNS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
@@ -257,6 +257,22 @@ def noise(pool: SessionPool, column: str = "output_throughput") -> list[Noise]:
     return out
 
 
+def pooled_pair_spread(pool: SessionPool, column: str = "output_throughput") -> tuple[float, int]:
+    """(sd, df) of the per-block paired log ratio, levels pooled as the gate's pooled hypothesis pools them
+    (``verdict._pooled``: per block, the mean over levels of log(candidate session mean / baseline session mean)),
+    over the time-adjacent blocks (0, 1), (2, 3), … of the pool in ABBA assignment (:func:`draw_run`)."""
+    def mean_at(session: RecordedSession, level: int) -> float:
+        return float(session.levels.loc[session.levels["concurrency"] == level, column].mean())
+
+    diffs = []
+    for j in range(len(pool.sessions) // 2):
+        first, second = pool.sessions[2 * j], pool.sessions[2 * j + 1]
+        base, cand = (first, second) if j % 2 == 0 else (second, first)
+        diffs.append(np.mean([math.log(mean_at(cand, c) / mean_at(base, c)) for c in pool.concurrency]))
+    d = np.asarray(diffs)
+    return float(d.std(ddof=1)), d.size - 1
+
+
 def _pct(rate: float, ci: tuple[float, float]) -> str:
     return f"{100 * rate:5.1f} % [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
@@ -283,6 +299,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in noise(pool):
         print(f"  c={row.concurrency}: {row.sessions}, {row.within:.3f} ({row.within_df}), {row.session_means:.3f}, "
               f"{row.between:.3f}, {row.pair:.3f} [{row.pair_upper:.3f}]")
+    sd, df = pooled_pair_spread(pool)
+    print(f"  levels pooled (the pooled hypothesis' unit): paired-block sd {sd:.3f} on {df} df "
+          f"[95 % upper bound {_upper_sd(sd, df):.3f}]")
     for n in (int(x) for x in args.sessions.split(",")):
         if 2 * n > len(pool.sessions):
             print(f"n={n}: needs {2 * n} sessions, the pool holds {len(pool.sessions)}; skipped")
