@@ -107,15 +107,19 @@ def test_clear_cases_and_interval_consistency():
     assert pooled.pooled and pooled.status == Status.FAIL
     passed, failed, unsure = results
     assert passed.ci_low > -3 and failed.ci_high < -3 and unsure.ci_low <= -3 <= unsure.ci_high
-    assert unsure.repeats_needed is None or unsure.repeats_needed > 8
+    assert unsure.repeats_needed <= 8 and "near the margin" in unsure.note()   # the spread is small: not sessions
     assert failed.p_fail_holm <= 0.05 and passed.p_pass_holm <= 0.05
     assert "repeats" in unsure.note() or "margin" in unsure.note()
 
 
-def test_inconclusive_says_how_many_repeats():
+def test_inconclusive_says_how_many_sessions_from_the_spread_not_the_observed_effect():
     result = verdict.decide([_tput_cell(0.985, 0.03, repeats=4)], PERF)[0]
     assert result.status == Status.INCONCLUSIVE and result.repeats_needed > 4
-    assert f"≈{result.repeats_needed} repeats" in result.note()
+    assert f"≈{result.repeats_needed} sessions per arm" in result.note()
+    closer = verdict.decide([_tput_cell(0.975, 0.03, repeats=4)], PERF)[0]   # another effect, the same spread
+    assert closer.status == Status.INCONCLUSIVE and closer.repeats_needed == result.repeats_needed
+    wider = verdict.decide([_tput_cell(0.985, 0.06, repeats=4)], PERF)[0]
+    assert wider.repeats_needed > result.repeats_needed
 
 
 def test_one_repeat_is_inconclusive_not_pass():
