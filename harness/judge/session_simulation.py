@@ -96,13 +96,19 @@ class SimulatedRun:
     blocks: tuple[tuple[int, int], ...]
 
 
-def draw_run(pool: SessionPool, n: int, rng: np.random.Generator) -> SimulatedRun:
+def draw_run(pool: SessionPool, n: int, rng: np.random.Generator, *, contiguous: bool = False) -> SimulatedRun:
     """``n`` ABBA blocks from ``2 n`` pool sessions drawn without replacement, kept in recorded time order.
 
-    Raises ValueError when the pool holds fewer than ``2 n`` sessions."""
+    ``contiguous``: ``2 n`` consecutive sessions from a random start instead (a real run's time structure: each block's
+    two sessions ran back to back, so slow drift of the host's load is shared within a block). Raises ValueError when
+    the pool holds fewer than ``2 n`` sessions."""
     if 2 * n > len(pool.sessions):
         raise ValueError(f"{n} sessions per arm need {2 * n} recorded sessions; the pool holds {len(pool.sessions)}")
-    chosen = sorted(rng.choice(len(pool.sessions), size=2 * n, replace=False).tolist())
+    if contiguous:
+        start = int(rng.integers(0, len(pool.sessions) - 2 * n + 1))
+        chosen = list(range(start, start + 2 * n))
+    else:
+        chosen = sorted(rng.choice(len(pool.sessions), size=2 * n, replace=False).tolist())
     blocks = tuple((chosen[2 * j], chosen[2 * j + 1]) if j % 2 == 0 else (chosen[2 * j + 1], chosen[2 * j])
                    for j in range(n))
     return SimulatedRun(blocks)
@@ -196,12 +202,12 @@ class Rates:
 
 
 def simulate(pool: SessionPool, policy: GatePolicy, *, sessions: int, n_sims: int, seed: int = 0,
-             throughput_factor: float = 1.0) -> Rates:
+             throughput_factor: float = 1.0, contiguous: bool = False) -> Rates:
     """Judge ``n_sims`` runs drawn by :func:`draw_run` (fixed design, ``sessions`` per arm) and count verdicts."""
     rng = np.random.default_rng(seed)
     rates = Rates(sessions, throughput_factor, n_sims)
     for _ in range(n_sims):
-        verdict = judge_first(pool, draw_run(pool, sessions, rng), sessions, policy,
+        verdict = judge_first(pool, draw_run(pool, sessions, rng, contiguous=contiguous), sessions, policy,
                               throughput_factor=throughput_factor)
         rates.counts[str(verdict.status)] = rates.counts.get(str(verdict.status), 0) + 1
         for cell in verdict.cells:
@@ -286,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sessions", default="4,6,8", help="sessions per arm to simulate (comma-separated)")
     parser.add_argument("--sims", type=int, default=400, help="simulated runs per figure")
     parser.add_argument("--loss", type=float, default=0.10, help="injected throughput loss for the power figure")
+    parser.add_argument("--draw", choices=("random", "contiguous"), default="random",
+                        help="random: 2n sessions from anywhere in the recording; contiguous: 2n consecutive ones")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=200, help="bootstrap resamples per cell")
     args = parser.parse_args(argv)
@@ -306,10 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if 2 * n > len(pool.sessions):
             print(f"n={n}: needs {2 * n} sessions, the pool holds {len(pool.sessions)}; skipped")
             continue
-        aa = simulate(pool, policy, sessions=n, n_sims=args.sims, seed=args.seed)
-        loss = simulate(pool, policy, sessions=n, n_sims=args.sims, seed=args.seed + 1,
-                        throughput_factor=1.0 - args.loss)
-        print(f"n={n} sessions per arm, {args.sims} runs: A/A FAIL {_pct(aa.rate('FAIL'), aa.interval('FAIL'))}, "
+        draw = dict(sessions=n, n_sims=args.sims, contiguous=args.draw == "contiguous")
+        aa = simulate(pool, policy, seed=args.seed, **draw)
+        loss = simulate(pool, policy, seed=args.seed + 1, throughput_factor=1.0 - args.loss, **draw)
+        print(f"n={n} sessions per arm, {args.sims} runs ({args.draw} draws): A/A FAIL {_pct(aa.rate('FAIL'), aa.interval('FAIL'))}, "
               f"A/A PASS {_pct(aa.rate('PASS'), aa.interval('PASS'))}; {100 * args.loss:g} % loss FAIL "
               f"{_pct(loss.rate('FAIL'), loss.interval('FAIL'))}")
         print(f"    A/A verdicts {aa.counts}; FAIL per cell {aa.cell_fails or '{}'}")
