@@ -127,3 +127,31 @@ def test_validity_plans_repeats_times_rounds_per_session_rounds():
     assert report.done[("baseline", 1)] == set(range(6)) and not report.reasons
     short = check_validity(manifest, pd.DataFrame(rows[:-1]), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
     assert [r for r, _ in short.reasons[("candidate", 1)]] == [5]
+
+
+def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, monkeypatch):
+    from harness.run import runner as runner_mod
+
+    plan = _plan(repeats=1, rounds_per_session=1, concurrency=[1])
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
+    ports = []
+
+    class FlakyServer:
+        def __init__(self, argv, env, port, name, log_path, api_key=None):
+            ports.append(port)
+            self.log_path = log_path
+
+        def start(self, timeout):
+            if len(ports) == 1:
+                raise runner_mod.ServerError("server exited with code 1 before it was ready, last lines:\n"
+                                             "OSError: [Errno 98] Address already in use")
+            raise runner_mod.ServerError("server exited with code 1 before it was ready")
+
+    monkeypatch.setattr(runner_mod, "VllmServer", FlakyServer)
+    ports_free = iter([40001, 40002, 40003])
+    monkeypatch.setattr(runner_mod, "free_port", lambda: next(ports_free))
+    import pytest
+
+    with pytest.raises(runner_mod.ServerError, match="code 1 before it was ready$"):
+        run._start_server(plan.arms[0])
+    assert ports == [40001, 40002]   # retried once on a new port, then the other failure is raised as it is

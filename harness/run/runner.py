@@ -128,13 +128,21 @@ class Runner:
         inherited = {k: v for k, v in os.environ.items() if k != ENV_INJECT}  # injections only where declared
         return {**inherited, **arm.server_env}
 
-    def _start_server(self, arm: ArmPlan) -> VllmServer:
+    def _start_server(self, arm: ArmPlan, tries: int = 3) -> VllmServer:
+        """Start the arm's server. A port found free can be taken by another process before vLLM binds it (tens of
+        seconds later on a loaded host): on "Address already in use" it starts again on a new port, ``tries`` times."""
         port = free_port()
         server = VllmServer(arm.server_argv(port), self._server_env(arm), port, arm.served_model_name,
                             self.store.log_path(f"{arm.name}-server.log"),
                             api_key=os.environ.get("VLLM_API_KEY"))
         self.console.print(f"[bold]{arm.name}[/]: starting vllm serve on port {port} (log {server.log_path})")
-        ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        try:
+            ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        except ServerError as error:
+            if tries > 1 and "Address already in use" in str(error):
+                self.console.print(f"[yellow]{arm.name}: port {port} was taken before vLLM bound it; new port[/]")
+                return self._start_server(arm, tries - 1)
+            raise
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
