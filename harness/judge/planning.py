@@ -1,5 +1,15 @@
-"""How many server sessions a decision takes: a prospective power calculation on a spread with an upper confidence
-bound, and the spread recorded on real sessions that the defaults come from.
+"""The run's design: which arm a session block starts with (:func:`baseline_first`), and how many server sessions a
+decision takes — a prospective power calculation on a spread with an upper confidence bound, and the spread recorded
+on real sessions that the defaults come from.
+
+Block order. A fixed ABBA order (A B | B A | A B | …) cancels a linear drift of the host's speed, but on a shared
+host the drift is not linear: the session recording (``tests/fixtures/recorded/real-sessions``) holds a stretch of
+sessions ~25 % slower than those around it (another job's load). A fixed order maps the same positions in time to the
+same arm in every run, so such a stretch shifts the paired mean one way, and the A/A false-FAIL rate of resampled
+runs rose to 10 % at 4 sessions per arm (asymmetric: the t statistic's lower tail held 6.4 %, its upper 0.4 %).
+Drawing the order of each block at random (Fisher 1935, *The Design of Experiments*, ch. II) makes every block's
+paired difference symmetric about the true effect whatever the load did, so the paired t-test keeps its level
+conditional on the host's history (both tails ≈ 2.5 % at the nominal 2.5 %; drift then adds variance, not bias).
 
 The test a session count has to carry is the gate's one-sided non-inferiority t-test on the per-session paired log
 ratio (``harness.judge.verdict``). With a per-pair spread ``s``, a true distance ``δ`` from the margin (log scale) and
@@ -16,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["RECORDED_PAIR_SD", "RECORDED_PAIR_DF", "RECORDED_SOURCE", "spread_upper_bound", "sessions_for_power",
+__all__ = ["baseline_first", "RECORDED_PAIR_SD", "RECORDED_PAIR_DF", "RECORDED_SOURCE", "spread_upper_bound", "sessions_for_power",
            "recommended_sessions"]
 
 RECORDED_PAIR_SD = math.nan
@@ -26,6 +36,17 @@ the 2-core CPU machine (``python -m harness.judge.session_simulation --recording
 RECORDED_PAIR_DF = 0
 """Degrees of freedom of :data:`RECORDED_PAIR_SD` (blocks − 1)."""
 RECORDED_SOURCE = "tests/fixtures/recorded/real-sessions"
+
+
+def baseline_first(seed: int, block: int, order: str = "random") -> bool:
+    """Whether session block ``block`` runs the baseline arm first. ``order`` "random": a fair coin drawn from
+    ``random.Random(f"{seed}:block:{block}")`` (the same on every machine and on resume); "abba": even blocks
+    baseline first, odd blocks candidate first."""
+    if order == "abba":
+        return block % 2 == 0
+    import random
+
+    return random.Random(f"{seed}:block:{block}").random() < 0.5
 
 
 def _t(df: float, p: float) -> float:
