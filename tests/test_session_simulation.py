@@ -31,12 +31,15 @@ def test_pool_holds_complete_sessions_in_time_order(pool):
         assert set(session.requests["round"]) == set(session.rounds)
 
 
-def test_draw_run_pairs_sessions_without_replacement_in_abba_order(pool):
-    run = sim.draw_run(pool, 4, np.random.default_rng(3))
+def test_draw_run_pairs_sessions_without_replacement_in_the_runners_block_order(pool):
+    run = sim.draw_run(pool, 4, np.random.default_rng(3), order="abba")
     used = [i for block in run.blocks for i in block]
     assert len(set(used)) == 8
     for j, (base, cand) in enumerate(run.blocks):
         assert (base < cand) == (j % 2 == 0)                    # ABBA: A first in even blocks
+    rng = np.random.default_rng(4)
+    orientations = {base < cand for _ in range(20) for base, cand in sim.draw_run(pool, 4, rng).blocks}
+    assert orientations == {True, False}                    # random block order: either arm may start a block
     with pytest.raises(ValueError, match="need 12 recorded sessions"):
         sim.draw_run(pool, 6, np.random.default_rng(0))
 
@@ -93,7 +96,7 @@ def test_noise_figures_are_finite_spreads_per_level(pool):
 
 
 def test_contiguous_draws_take_consecutive_sessions(pool):
-    run = sim.draw_run(pool, 3, np.random.default_rng(11), contiguous=True)
+    run = sim.draw_run(pool, 3, np.random.default_rng(11), contiguous=True, order="abba")
     used = sorted(i for block in run.blocks for i in block)
     assert used == list(range(used[0], used[0] + 6))
     assert all((base < cand) == (j % 2 == 0) for j, (base, cand) in enumerate(run.blocks))
