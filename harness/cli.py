@@ -42,7 +42,7 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
-    group.add_argument("--repeats", type=int, help="sweeps per arm (workload.repeats)")
+    group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
     group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
     group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
     group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
