@@ -34,8 +34,10 @@ def test_sequential_blocks_hold_rounds_per_session_rounds_in_abba_order():
 def test_random_block_order_is_a_seeded_coin_per_block_and_keeps_blocks_whole():
     from harness.judge.planning import baseline_first
 
-    plan = _plan(repeats=16, rounds_per_session=2, concurrency=[1, 4])
-    assert plan.scenario.workload.block_order == "random"
+    from harness.run.scenario import WorkloadSpec
+
+    assert WorkloadSpec.model_fields["block_order"].default == "random"
+    plan = _plan(repeats=16, rounds_per_session=2, concurrency=[1, 4], block_order="random")
     order = schedule(plan)
     firsts = []
     for block in range(16):
