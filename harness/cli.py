@@ -56,7 +56,7 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
-    group.add_argument("--repeats", type=int, help="sweeps per arm (workload.repeats)")
+    group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
     group.add_argument("--max-sessions", type=int, metavar="N",
                        help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
                             "arm (gate.max_sessions and workload.repeats)")

@@ -19,7 +19,7 @@ def _plan(**workload) -> plan_mod.Plan:
 
 
 def test_sequential_blocks_hold_rounds_per_session_rounds_in_abba_order():
-    plan = _plan(repeats=3, rounds_per_session=4, concurrency=[1, 2, 4])
+    plan = _plan(repeats=3, rounds_per_session=4, concurrency=[1, 2, 4], block_order="abba")
     blocks = []   # (arm, session block, its rounds) in run order
     for arm, _, round_ in schedule(plan):
         if not blocks or blocks[-1][:2] != (arm, plan.block_of(round_)):
@@ -29,6 +29,26 @@ def test_sequential_blocks_hold_rounds_per_session_rounds_in_abba_order():
     assert [(arm, block) for arm, block, _ in blocks] == [
         ("baseline", 0), ("candidate", 0), ("candidate", 1), ("baseline", 1), ("baseline", 2), ("candidate", 2)]
     assert [rounds for _, _, rounds in blocks] == [[0, 1, 2, 3]] * 2 + [[4, 5, 6, 7]] * 2 + [[8, 9, 10, 11]] * 2
+
+
+def test_random_block_order_is_a_seeded_coin_per_block_and_keeps_blocks_whole():
+    from harness.judge.planning import baseline_first
+
+    from harness.run.scenario import WorkloadSpec
+
+    assert WorkloadSpec.model_fields["block_order"].default == "random"
+    plan = _plan(repeats=16, rounds_per_session=2, concurrency=[1, 4], block_order="random")
+    order = schedule(plan)
+    firsts = []
+    for block in range(16):
+        names = [name for name, _, r in order if plan.block_of(r) == block]
+        switches = sum(a != b for a, b in zip(names, names[1:]))
+        assert switches == 1 and len(names) == 2 * 2 * 2      # each arm's part of a block is one contiguous run
+        firsts.append(names[0] == "baseline")
+    assert firsts == [baseline_first(0, block) for block in range(16)]
+    assert 0 < sum(firsts) < 16                              # both orders occur
+    reseeded = [baseline_first(1, block) for block in range(16)]
+    assert reseeded != firsts and schedule(plan) == order    # seeded: the same run order on every call
 
 
 def test_every_level_and_round_runs_once_per_arm_and_blocks_map_rounds_to_sessions():
@@ -58,7 +78,7 @@ def test_shuffled_levels_differ_between_rounds_are_seeded_and_the_same_for_both_
 
 
 def test_defaults_keep_one_round_per_session_in_sorted_order():
-    plan = _plan(repeats=2, rounds_per_session=1, level_order="sorted", concurrency=[4, 1])
+    plan = _plan(repeats=2, rounds_per_session=1, level_order="sorted", concurrency=[4, 1], block_order="abba")
     assert schedule(plan) == [("baseline", 1, 0), ("baseline", 4, 0), ("candidate", 1, 0), ("candidate", 4, 0),
                               ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 1, 1), ("baseline", 4, 1)]
     assert [plan.block_of(r) for r in range(plan.rounds())] == [0, 1]
@@ -88,7 +108,7 @@ class _StubServer:
 def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its_block(tmp_path, monkeypatch):
     from harness.run import runner as runner_mod
 
-    plan = _plan(repeats=3, rounds_per_session=4, concurrency=[1, 4])
+    plan = _plan(repeats=3, rounds_per_session=4, concurrency=[1, 4], block_order="abba")
     run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
     started = []
 
@@ -127,3 +147,31 @@ def test_validity_plans_repeats_times_rounds_per_session_rounds():
     assert report.done[("baseline", 1)] == set(range(6)) and not report.reasons
     short = check_validity(manifest, pd.DataFrame(rows[:-1]), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
     assert [r for r, _ in short.reasons[("candidate", 1)]] == [5]
+
+
+def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, monkeypatch):
+    from harness.run import runner as runner_mod
+
+    plan = _plan(repeats=1, rounds_per_session=1, concurrency=[1])
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
+    ports = []
+
+    class FlakyServer:
+        def __init__(self, argv, env, port, name, log_path, api_key=None):
+            ports.append(port)
+            self.log_path = log_path
+
+        def start(self, timeout):
+            if len(ports) == 1:
+                raise runner_mod.ServerError("server exited with code 1 before it was ready, last lines:\n"
+                                             "OSError: [Errno 98] Address already in use")
+            raise runner_mod.ServerError("server exited with code 1 before it was ready")
+
+    monkeypatch.setattr(runner_mod, "VllmServer", FlakyServer)
+    ports_free = iter([40001, 40002, 40003])
+    monkeypatch.setattr(runner_mod, "free_port", lambda: next(ports_free))
+    import pytest
+
+    with pytest.raises(runner_mod.ServerError, match="code 1 before it was ready$"):
+        run._start_server(plan.arms[0], 0)
+    assert ports == [40001, 40002]   # retried once on a new port, then the other failure is raised as it is

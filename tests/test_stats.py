@@ -169,12 +169,5 @@ def test_paired_difference_uses_agresti_min():
     assert same.difference == 0 and 0 < same.se < 0.001          # no zero-width interval when the arms agree
 
 
-def test_repeats_needed_is_the_first_count_that_clears():
-    se, repeats, level, distance = 0.008, 5, 0.00625, 0.012
-    needed = stats.repeats_needed(distance, se, repeats, level)
-    spread = se * math.sqrt(repeats)
-    half = lambda r: sps.t.ppf(1 - level, r - 1) * spread / math.sqrt(r)  # noqa: E731
-    assert half(needed) < distance <= half(needed - 1)
-    assert stats.repeats_needed(0.0, se, repeats, level) is None
-    assert stats.repeats_needed(1e-6, se, repeats, level) is None
+def test_samples_needed_scales_the_standard_error_by_root_n():
     assert stats.samples_needed(0.005, 0.004, 400, 0.025) == math.ceil(400 * (1.959964 * 0.004 / 0.005) ** 2)

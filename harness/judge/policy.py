@@ -6,11 +6,11 @@ Pure: data and validation only; no files, processes or sockets. :mod:`harness.ru
 
 Margins' origin: the project's acceptance criteria (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
 −2 %). For scale: one arm's standard error on the full 1319-question GSM8K
-test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change), and at
-a quiet machine's run-to-run noise (per-repeat throughput CV ≈ 1.1–1.5 %: the synthetic pool
-``tests/fixtures/recorded/run``) :data:`RECOMMENDED_REPEATS` repeats resolve a 5 % loss against the 3 % margin (power
-figures in ``tests/test_verdict.py``). At the 2-core CPU machine's noise (per-repeat CV 8–25 % on 2–8-second levels,
-quiet or loaded; ``tests/fixtures/recorded/real-cpu``) no affordable repeat count does; the gate then says
+test set at the upstream 94.8 % is 0.61 points (the paired difference's is smaller when few answers change). Throughput
+and latency are decided on server sessions; how many a decision takes follows from the paired-block spread
+(:mod:`harness.judge.planning`): on this 2-core CPU machine, recorded on real sessions
+(``tests/fixtures/recorded/real-sessions``), :data:`RECOMMENDED_REPEATS` sessions per arm give 90 % power against a
+10 % throughput loss; below that the gate mostly says
 INCONCLUSIVE. p99 latencies, if made primary,
 default to +10 %: a tail quantile is far noisier.
 """
@@ -28,10 +28,12 @@ from harness.rundir.schema import SEVERITY, Status
 
 __all__ = ["Status", "SEVERITY", "Metric", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
 
-RECOMMENDED_REPEATS = 8
-"""``workload.repeats`` recommended for gated runs (the GPU scenarios' default): the smallest count at which the
-simulation on the quiet-machine pool FAILs a 5 % throughput regression in ≥ 90 % of resamples (see
-``tests/test_verdict.py``)."""
+RECOMMENDED_REPEATS = 101
+"""Sessions per arm recommended for a gated run on the recorded machine:
+:func:`harness.judge.planning.recommended_sessions` — 90 % power to FAIL a 10 % throughput loss against the −3 %
+margin at α/2 (two speed metrics), at the 95 % upper bound of the paired-block spread recorded on real server sessions
+(:data:`harness.judge.planning.RECORDED_PAIR_SD`); ``tests/test_planning.py`` recomputes it from the recording. A host
+with a smaller spread needs fewer: ``planning.sessions_for_power`` with its own spread."""
 
 
 METRICS: dict[str, Metric] = {name: m for name, m in ALL_METRICS.items() if m.default_margin is not None}

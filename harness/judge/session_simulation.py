@@ -3,9 +3,9 @@ gate's own :func:`harness.judge.verdict.evaluate`.
 
 A recording is an A/A run (both arms one path, sequential servers, several rounds per session:
 ``tests/fixtures/recorded/record-sessions.toml``); its sessions form a pool (:func:`session_pool`). A simulated run
-draws ``2 n`` of them without replacement and, in recorded time order, pairs them into ``n`` ABBA blocks
-(:func:`draw_run`: block ``j`` gives its earlier session to baseline when ``j`` is even, to candidate when odd, as
-:func:`harness.run.start.schedule` runs them). :func:`run_tables` writes the first ``m`` blocks out as the run
+draws ``2 n`` of them without replacement and, in recorded time order, pairs them into ``n`` blocks whose earlier
+session goes to the arm the runner would start the block with (:func:`draw_run`, the block order of
+:func:`harness.judge.planning.baseline_first`, as :func:`harness.run.start.schedule` runs them). :func:`run_tables` writes the first ``m`` blocks out as the run
 directory's tables (``levels.csv``/``requests.csv`` rows and a manifest, session ``j`` and rounds renumbered per arm,
 an optional effect injected into the candidate) and :func:`judge_first` judges them exactly as ``dsa-bench gate``
 does: the fixed design is the one-look case (``m = n``) of a sequential design that looks after each block.
@@ -26,12 +26,13 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.judge.planning import baseline_first
 from harness.judge.policy import GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
 from harness.rundir.schema import LevelKey, Manifest
 
 __all__ = ["RecordedSession", "SessionPool", "session_pool", "SimulatedRun", "draw_run", "run_tables", "judge_first",
-           "Rates", "simulate", "noise", "Noise", "clopper_pearson"]
+           "Rates", "simulate", "noise", "Noise", "pooled_pair_spread", "clopper_pearson"]
 
 THROUGHPUT_COLUMNS = ("output_throughput", "total_token_throughput", "request_throughput")
 LATENCY_LEVEL_COLUMNS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
@@ -96,15 +97,25 @@ class SimulatedRun:
     blocks: tuple[tuple[int, int], ...]
 
 
-def draw_run(pool: SessionPool, n: int, rng: np.random.Generator) -> SimulatedRun:
-    """``n`` ABBA blocks from ``2 n`` pool sessions drawn without replacement, kept in recorded time order.
+def draw_run(pool: SessionPool, n: int, rng: np.random.Generator, *, contiguous: bool = False,
+             order: str = "random") -> SimulatedRun:
+    """``n`` blocks from ``2 n`` pool sessions drawn without replacement, kept in recorded time order, each block's
+    earlier session going to the arm the runner would start it with (:func:`harness.judge.planning.baseline_first`
+    under ``order``, for a run seed drawn from ``rng``).
 
-    Raises ValueError when the pool holds fewer than ``2 n`` sessions."""
+    ``contiguous``: ``2 n`` consecutive sessions from a random start instead (a real run's time structure: each block's
+    two sessions ran back to back, so slow drift of the host's load is shared within a block). Raises ValueError when
+    the pool holds fewer than ``2 n`` sessions."""
     if 2 * n > len(pool.sessions):
         raise ValueError(f"{n} sessions per arm need {2 * n} recorded sessions; the pool holds {len(pool.sessions)}")
-    chosen = sorted(rng.choice(len(pool.sessions), size=2 * n, replace=False).tolist())
-    blocks = tuple((chosen[2 * j], chosen[2 * j + 1]) if j % 2 == 0 else (chosen[2 * j + 1], chosen[2 * j])
-                   for j in range(n))
+    if contiguous:
+        start = int(rng.integers(0, len(pool.sessions) - 2 * n + 1))
+        chosen = list(range(start, start + 2 * n))
+    else:
+        chosen = sorted(rng.choice(len(pool.sessions), size=2 * n, replace=False).tolist())
+    seed = int(rng.integers(0, 2**31))
+    blocks = tuple((chosen[2 * j], chosen[2 * j + 1]) if baseline_first(seed, j, order)
+                   else (chosen[2 * j + 1], chosen[2 * j]) for j in range(n))
     return SimulatedRun(blocks)
 
 
@@ -196,12 +207,12 @@ class Rates:
 
 
 def simulate(pool: SessionPool, policy: GatePolicy, *, sessions: int, n_sims: int, seed: int = 0,
-             throughput_factor: float = 1.0) -> Rates:
+             throughput_factor: float = 1.0, contiguous: bool = False, order: str = "random") -> Rates:
     """Judge ``n_sims`` runs drawn by :func:`draw_run` (fixed design, ``sessions`` per arm) and count verdicts."""
     rng = np.random.default_rng(seed)
     rates = Rates(sessions, throughput_factor, n_sims)
     for _ in range(n_sims):
-        verdict = judge_first(pool, draw_run(pool, sessions, rng), sessions, policy,
+        verdict = judge_first(pool, draw_run(pool, sessions, rng, contiguous=contiguous, order=order), sessions, policy,
                               throughput_factor=throughput_factor)
         rates.counts[str(verdict.status)] = rates.counts.get(str(verdict.status), 0) + 1
         for cell in verdict.cells:
@@ -257,6 +268,23 @@ def noise(pool: SessionPool, column: str = "output_throughput") -> list[Noise]:
     return out
 
 
+def pooled_pair_spread(pool: SessionPool, column: str = "output_throughput") -> tuple[float, int]:
+    """(sd, df) of the per-block paired log ratio, levels pooled as the gate's pooled hypothesis pools them
+    (``verdict._pooled``: per block, the mean over levels of log(candidate session mean / baseline session mean)),
+    over the time-adjacent blocks (0, 1), (2, 3), … of the pool (signs in ABBA assignment; the spread of an A/A
+    recording does not depend on them beyond noise)."""
+    def mean_at(session: RecordedSession, level: int) -> float:
+        return float(session.levels.loc[session.levels["concurrency"] == level, column].mean())
+
+    diffs = []
+    for j in range(len(pool.sessions) // 2):
+        first, second = pool.sessions[2 * j], pool.sessions[2 * j + 1]
+        base, cand = (first, second) if j % 2 == 0 else (second, first)
+        diffs.append(np.mean([math.log(mean_at(cand, c) / mean_at(base, c)) for c in pool.concurrency]))
+    d = np.asarray(diffs)
+    return float(d.std(ddof=1)), d.size - 1
+
+
 def _pct(rate: float, ci: tuple[float, float]) -> str:
     return f"{100 * rate:5.1f} % [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
 
@@ -270,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sessions", default="4,6,8", help="sessions per arm to simulate (comma-separated)")
     parser.add_argument("--sims", type=int, default=400, help="simulated runs per figure")
     parser.add_argument("--loss", type=float, default=0.10, help="injected throughput loss for the power figure")
+    parser.add_argument("--draw", choices=("random", "contiguous"), default="random",
+                        help="random: 2n sessions from anywhere in the recording; contiguous: 2n consecutive ones")
+    parser.add_argument("--order", choices=("random", "abba"), default="random",
+                        help="block order of the simulated runs (workload.block_order)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=200, help="bootstrap resamples per cell")
     args = parser.parse_args(argv)
@@ -283,14 +315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in noise(pool):
         print(f"  c={row.concurrency}: {row.sessions}, {row.within:.3f} ({row.within_df}), {row.session_means:.3f}, "
               f"{row.between:.3f}, {row.pair:.3f} [{row.pair_upper:.3f}]")
+    sd, df = pooled_pair_spread(pool)
+    print(f"  levels pooled (the pooled hypothesis' unit): paired-block sd {sd:.3f} on {df} df "
+          f"[95 % upper bound {_upper_sd(sd, df):.3f}]")
     for n in (int(x) for x in args.sessions.split(",")):
         if 2 * n > len(pool.sessions):
             print(f"n={n}: needs {2 * n} sessions, the pool holds {len(pool.sessions)}; skipped")
             continue
-        aa = simulate(pool, policy, sessions=n, n_sims=args.sims, seed=args.seed)
-        loss = simulate(pool, policy, sessions=n, n_sims=args.sims, seed=args.seed + 1,
-                        throughput_factor=1.0 - args.loss)
-        print(f"n={n} sessions per arm, {args.sims} runs: A/A FAIL {_pct(aa.rate('FAIL'), aa.interval('FAIL'))}, "
+        draw = dict(sessions=n, n_sims=args.sims, contiguous=args.draw == "contiguous", order=args.order)
+        aa = simulate(pool, policy, seed=args.seed, **draw)
+        loss = simulate(pool, policy, seed=args.seed + 1, throughput_factor=1.0 - args.loss, **draw)
+        print(f"n={n} sessions per arm, {args.sims} runs ({args.draw} draws, {args.order} block order): A/A FAIL {_pct(aa.rate('FAIL'), aa.interval('FAIL'))}, "
               f"A/A PASS {_pct(aa.rate('PASS'), aa.interval('PASS'))}; {100 * args.loss:g} % loss FAIL "
               f"{_pct(loss.rate('FAIL'), loss.interval('FAIL'))}")
         print(f"    A/A verdicts {aa.counts}; FAIL per cell {aa.cell_fails or '{}'}")

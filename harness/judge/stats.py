@@ -39,7 +39,7 @@ __all__ = [
     "RatioEstimate", "PairedDifference", "McNemarResult",
     "statistic_of", "paired_block_bootstrap", "student_quantile", "student_cdf",
     "noninferiority_pvalues", "interval", "holm_adjust", "holm_test",
-    "mcnemar_exact", "paired_difference", "repeats_needed", "samples_needed",
+    "mcnemar_exact", "paired_difference", "samples_needed",
     "MARGIN_TOLERANCE", "DEGENERATE_SE", "is_degenerate",
 ]
 
@@ -382,30 +382,6 @@ def paired_difference(baseline_correct: np.ndarray, candidate_correct: np.ndarra
                             baseline_stderr=float(base.std(ddof=1) / math.sqrt(n)),
                             candidate_stderr=float(cand.std(ddof=1) / math.sqrt(n)),
                             difference=float(cand.mean() - base.mean()), adjusted=adjusted, se=se)
-
-
-def repeats_needed(distance: float, se: float, repeats: int, level: float, *, max_repeats: int = 1000) -> int | None:
-    """Total repeats at which the interval would clear the margin if the observed ratio and spread held.
-
-    Plug-in rule: the per-repeat spread is ``s = se · sqrt(R)``; the smallest ``R* > R`` with
-    ``t_{1−level, R*−1} · s / sqrt(R*) < distance`` (``distance`` = |estimate − margin| on the log scale). No power
-    allowance: a fresh run at ``R*`` repeats clears the margin about half the time; ask for ~1.5× that to be safe.
-    Returns None when even ``max_repeats`` would not do (the ratio sits on the margin).
-    """
-    if se <= 0:
-        return repeats
-    if distance <= 0:
-        return None
-    spread = se * math.sqrt(repeats)
-    start = repeats + 1
-    while start <= max_repeats:                                    # blocks: the answer is usually close to R
-        candidates = np.arange(start, min(max_repeats, 2 * start + 16) + 1)
-        half = _special().stdtrit(candidates - 1.0, 1.0 - level) * spread / np.sqrt(candidates)
-        ok = np.nonzero(half < distance)[0]
-        if ok.size:
-            return int(candidates[ok[0]])
-        start = int(candidates[-1]) + 1
-    return None
 
 
 def samples_needed(distance: float, se: float, n: int, level: float) -> int | None:

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.judge import sequential, stats
+from harness.judge import planning, sequential, stats
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.validity import ValidityReport, check_validity
@@ -90,11 +90,15 @@ class CellResult:
         if self.status == Status.INCONCLUSIVE:
             if self.ci_low is None and self.notes:                 # too few repeats for any interval
                 return f"{self.notes[0]}; run ≈{self.repeats_needed}"
+            if self.repeats_needed is not None and self.repeats_needed <= self.repeats:
+                return (f"the estimate sits near the margin: {self.repeats} sessions would already pass an "
+                        "unchanged candidate at this spread")
             if self.repeats_needed is not None:
-                return f"≈{self.repeats_needed} repeats would settle it (now {self.repeats})"
+                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass an unchanged candidate "
+                        f"(spread at its 95 % upper bound; now {self.repeats})")
             if self.samples_needed is not None:
                 return f"≈{self.samples_needed} questions would settle it (now {self.n_baseline})"
-            return "the estimate sits on the margin (over 1000 repeats would be needed)"
+            return "the spread is too wide for any affordable number of sessions"
         return ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -254,11 +258,11 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
             else:
                 result.status = Status.INCONCLUSIVE
                 level = alpha if result.p_pass <= result.p_fail else float(levels[k])
-                distance = abs(estimate - limit)
                 if math.isinf(df):
-                    result.samples_needed = stats.samples_needed(distance, se, result.n_baseline or 0, level)
+                    result.samples_needed = stats.samples_needed(abs(estimate - limit), se, result.n_baseline or 0,
+                                                                 level)
                 else:
-                    result.repeats_needed = stats.repeats_needed(distance, se, result.repeats, level)
+                    result.repeats_needed = _sessions_to_pass(se, df, result.repeats, limit, alpha)
             _set_interval(result, estimate, se, df, level)
     for i, (cell, test) in enumerate(zip(cells, tests)):
         if not cell.primary and test is not None:                   # diagnostics: no verdict, plain 95 %
@@ -271,6 +275,16 @@ def _metric_alpha(metric: str, policy: GatePolicy, session_alpha: float | None) 
     if session_alpha is None or METRICS[metric].source == "accuracy":
         return policy.alpha
     return session_alpha
+
+
+def _sessions_to_pass(se: float, df: float, units: int, limit: float, alpha: float) -> int | None:
+    """Sessions per arm a fresh run needs for 90 % power to PASS a candidate equal to the baseline: the cell's
+    per-session spread ``se·√units`` at its 95 % upper bound on ``df`` (a prospective power calculation,
+    :mod:`harness.judge.planning`; never the observed effect, which would make the advice as noisy as the run)."""
+    if df < 1:
+        return None
+    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df))
+    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=1000)
 
 
 def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy, level: float) -> CellResult:
@@ -340,8 +354,9 @@ def overall(results: Sequence[CellResult]) -> tuple[Status, str]:
     if worst == Status.INVALID:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
-        needs = [r.repeats_needed for r in hit if r.repeats_needed is not None]
-        tail = (f"; at the observed spread ≈{max(needs)} repeats would settle them" if needs
+        needs = [r.repeats_needed for r in hit if r.repeats_needed is not None and r.repeats_needed > r.repeats]
+        tail = (f"; ≈{max(needs)} sessions per arm would give 90 % power to pass an unchanged candidate at the "
+                "spread's 95 % upper bound" if needs
                 else "; see each cell's note")
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
     return worst, f"all {len(cells)} primary cells are non-inferior within their margins"

@@ -44,7 +44,8 @@ def _header(plan: Plan, refusal: str | None) -> list[str]:
 def _grid_lines(plan: Plan) -> list[str]:
     work = plan.scenario.workload
     order = ("both servers stay up; arms alternate per level (ABBA)" if plan.scenario.serve.concurrent_servers
-             else f"one server session per arm and block of {work.rounds_per_session} round(s), ABBA blocks")
+             else f"one server session per arm and block of {work.rounds_per_session} round(s), "
+                  f"{'ABBA' if work.block_order == 'abba' else 'seeded random'} arm order per block")
     levels = plan.levels()
     lengths = sorted({plan.level_lengths(key) for key in levels})
     return [

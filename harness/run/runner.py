@@ -160,7 +160,10 @@ class Runner:
         inherited = {k: v for k, v in os.environ.items() if k != ENV_INJECT}  # injections only where declared
         return {**inherited, **arm.server_env}
 
-    def _start_server(self, arm: ArmPlan, block: int) -> VllmServer:
+    def _start_server(self, arm: ArmPlan, block: int, tries: int = 3) -> VllmServer:
+        """Start the arm's server for session block ``block`` on its slot there. A port found free can be taken by
+        another process before vLLM binds it (tens of seconds later on a loaded host): on "Address already in use" a
+        local server starts again on a new port, ``tries`` times."""
         slot = slot_for(block, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes)
         env, log_path = {**self._server_env(arm), **slot.env()}, self.store.log_path(f"{arm.name}-server.log")
         gpus = gpu_idle.before_session(env)
@@ -172,7 +175,13 @@ class Runner:
                                 api_key=os.environ.get("VLLM_API_KEY"))
         self.console.print(f"[bold]{arm.name}[/]: starting vllm serve ({slot.describe()}, block {block}; "
                            f"log {log_path})")
-        ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        try:
+            ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
+        except ServerError as error:
+            if self.cluster is None and tries > 1 and "Address already in use" in str(error):
+                self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
+                return self._start_server(arm, block, tries - 1)
+            raise
         self.server_slot[arm.name] = slot
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]

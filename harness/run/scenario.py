@@ -201,6 +201,8 @@ class WorkloadSpec(_Frozen):
     rounds over all levels: ``repeats × rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
     round's levels in an order drawn from ``seed`` and the round (many short rounds in randomised order: Abedi &
     Brecht 2017, "Conducting repeatable experiments in highly variable cloud computing environments", ICPE).
+    ``block_order``: which arm each sequential session block starts with — "random" (a seeded coin per block,
+    :func:`harness.judge.planning.baseline_first`: valid whatever the host's load did) or "abba" (alternating).
     """
 
     concurrency: tuple[int, ...]
@@ -213,6 +215,7 @@ class WorkloadSpec(_Frozen):
     repeats: int = Field(default=1, ge=1)
     rounds_per_session: int = Field(default=1, ge=1)
     level_order: Literal["sorted", "shuffled"] = "sorted"
+    block_order: Literal["random", "abba"] = "random"
     level_timeout_s: float = Field(default=1800.0, gt=0)
 
     @field_validator("concurrency")

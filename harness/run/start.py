@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from harness.judge.planning import baseline_first
 from harness.rundir import store as rundir_store
 from harness.run.plan import Plan
 
@@ -59,8 +60,10 @@ def round_order(plan: Plan, round_: int) -> list[int]:
 def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     """(arm, concurrency, round) in run order, over :meth:`Plan.levels`, each round's levels in :func:`round_order`.
 
-    Sequential servers: ABBA blocks over session blocks (block 0: A then B; block 1: B then A; …); in a block one
-    arm's server session measures ``workload.rounds_per_session`` consecutive rounds (:meth:`Plan.block_of`).
+    Sequential servers: session blocks, each both arms one after the other in the order
+    :func:`~harness.judge.planning.baseline_first` draws (``workload.block_order``: a seeded coin per block, or
+    ABBA); in a block one arm's server session measures ``workload.rounds_per_session`` consecutive rounds
+    (:meth:`Plan.block_of`).
     Concurrent servers: the arms stay up (one session each) and alternate per level in ABBA order, so drift hits
     both arms alike.
     """
@@ -69,8 +72,10 @@ def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     if plan.scenario.serve.concurrent_servers:
         steps = [(c, r) for r in rounds for c in round_order(plan, r)]
         return [(name, c, r) for step, (c, r) in enumerate(steps) for name in (names if step % 2 == 0 else names[::-1])]
-    blocks = range(plan.scenario.workload.repeats)
-    return [(name, c, r) for block in blocks for name in (names if block % 2 == 0 else names[::-1])
+    work = plan.scenario.workload
+    blocks = range(work.repeats)
+    return [(name, c, r) for block in blocks
+            for name in (names if baseline_first(work.seed, block, work.block_order) else names[::-1])
             for r in rounds if plan.block_of(r) == block for c in round_order(plan, r)]
 
 
