@@ -7,6 +7,7 @@ from harness.run import plan as plan_mod
 from harness.run.models import locate
 from harness.run.scenario import load_scenario
 from harness.run.start import round_order, schedule
+from fakes.support import StubServer
 
 CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
 RECORDING = "tests/fixtures/recorded/record-sessions.toml"
@@ -92,19 +93,6 @@ def test_concurrent_servers_alternate_arms_per_level_over_all_rounds():
                               ("baseline", 1, 1), ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 4, 1)]
 
 
-class _StubServer:
-    """A started server as far as :meth:`Runner._server_for` looks at one."""
-
-    def __init__(self):
-        self.stopped = False
-
-    def alive(self) -> bool:
-        return not self.stopped
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
 def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its_block(tmp_path, monkeypatch):
     from harness.run import runner as runner_mod
 
@@ -115,7 +103,7 @@ def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its
     def start(arm, block):
         run._new_session(run.arms[arm.name], 1.0, "http://127.0.0.1:1")
         started.append(arm.name)
-        return _StubServer()
+        return StubServer()
 
     monkeypatch.setattr(run, "_start_server", start)
     monkeypatch.setattr(run, "_parity", lambda *_: None)

@@ -20,6 +20,7 @@ from harness.run.models import locate
 from harness.run.scenario import ScenarioError, load_scenario
 from harness.rundir import schema
 from harness.rundir.store import RunDir
+from fakes.support import StubServer
 
 CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
 RECORDING = "tests/fixtures/recorded/record-sessions.toml"
@@ -32,27 +33,14 @@ def _plan(**overrides) -> plan_mod.Plan:
     return plan_mod.build_plan(scenario, CPU, locate(scenario))
 
 
-class _StubServer:
-    base_url, served_model_name, headers = "http://127.0.0.1:1", "stub", {}
-
-    def __init__(self):
-        self.stopped = False
-
-    def alive(self) -> bool:
-        return not self.stopped
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
 def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None = None, level_s: float = 0.0):
     run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions(budget_s=budget_s))
     rng = np.random.default_rng(0)
     clock = [0.0]
 
     def start(arm, block):
-        run._new_session(run.arms[arm.name], 1.0, _StubServer.base_url)
-        return _StubServer()
+        run._new_session(run.arms[arm.name], 1.0, StubServer.base_url)
+        return StubServer()
 
     def level(client, arm, server, concurrency, repeat, progress, task):
         factor = 1.0 - loss if arm.name == "candidate" else 1.0

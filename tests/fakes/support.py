@@ -159,3 +159,19 @@ class FakeServer:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+
+
+class StubServer:
+    """A started server as far as the runner's session bookkeeping looks at one (``alive``/``stop``, an address),
+    for runner tests that replace server start and the benchmark client."""
+
+    base_url, served_model_name, headers = "http://127.0.0.1:1", "stub", {}
+
+    def __init__(self):
+        self.stopped = False
+
+    def alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
