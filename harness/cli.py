@@ -7,6 +7,7 @@ one-line error naming the fix and exit code 2, before anything is started.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -138,6 +139,8 @@ def _build_plan(args: argparse.Namespace, *, to_run: bool):
     source = str(find_scenario(name))
     if to_run:
         check_machine(scenario, host)
+        if scenario.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
+            raise UsageError('cluster.backend = "ray" needs Ray: pip install -e ".[ray]" (ray==2.60.0) on every node')
         plan = replace(build_plan(scenario, host, locate(scenario), auto_choice), scenario_file=source)
         builds.require(plan.arms)
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -150,8 +150,10 @@ def look(run_dir: Path) -> Verdict | None:
     """A sequential run's look at the session blocks finished so far (None: the manifest's policy is the fixed
     design, or the data cannot be read yet).
 
-    The levels not yet run count as not planned (``stopped``), and accuracy — tested once, by the final gate — is left
-    out, so the verdict is that of the session-replicated cells at this look's α (:mod:`harness.judge.sequential`).
+    The levels not yet run count as not planned (``stopped``). Accuracy is tested once, by the final gate, so at a look
+    it has no data; the policy stays whole, so the FAIL side splits α over the same metrics as the final gate. The
+    returned status is that of the session-replicated cells at this look's α (:mod:`harness.judge.sequential`): FAIL
+    when one of them FAILs, PASS when every one of them PASSes, else INCONCLUSIVE.
     """
     store = RunDir(Path(run_dir))
     try:
@@ -159,7 +161,6 @@ def look(run_dir: Path) -> Verdict | None:
         policy, _ = _policy_from_manifest(manifest)
         if policy.max_sessions is None:
             return None
-        policy = policy.without(*(name for name in policy.primary if METRICS[name].source == "accuracy"))
         levels, requests, _ = _read_tables(store, policy)
     except (RunDirError, PolicyError, ValueError):
         return None
@@ -168,7 +169,14 @@ def look(run_dir: Path) -> Verdict | None:
         for level in arm["levels"].values():
             if level["status"] == "pending":
                 level["status"] = f"{STOPPED}: not run yet at this look"
-    return evaluate(Manifest.model_validate(data), levels, requests, None, policy, diagnostics=False)
+    verdict = evaluate(Manifest.model_validate(data), levels, requests, None, policy, diagnostics=False)
+    session_cells = [c for c in verdict.cells if c.primary and METRICS[c.metric].source != "accuracy"]
+    failed = [c for c in session_cells if c.status == Status.FAIL]
+    if failed:
+        return replace(verdict, status=Status.FAIL, reason=f"{len(failed)} session-replicated cell(s) FAIL")
+    if session_cells and all(c.status == Status.PASS for c in session_cells if not c.pooled):
+        return replace(verdict, status=Status.PASS, reason="every session-replicated cell PASSes")
+    return replace(verdict, status=Status.INCONCLUSIVE, reason="no session-replicated cell decided")
 
 
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:

@@ -60,8 +60,10 @@ def _statuses(manifest: dict) -> list[str]:
     return [level["status"] for arm in manifest["arms"] for level in arm["levels"].values()]
 
 
-def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch):
-    plan = _plan(**{"gate.max_sessions": 8, "workload.repeats": 8})
+@pytest.mark.parametrize("primary", [["output_throughput"], ["output_throughput", "gsm8k_accuracy"]])
+def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch, primary):
+    # With accuracy primary (no data at a look) the look splits α over the same metrics as the final gate.
+    plan = _plan(**{"gate.max_sessions": 8, "workload.repeats": 8, "gate.primary": primary})
     manifest = _runner(tmp_path, monkeypatch, plan, loss=0.3).run()
     statuses = _statuses(manifest)
     assert statuses.count("done") == 2 * 2 * 3          # 2 arms × 2 levels × 3 sessions (the first look)
@@ -104,3 +106,8 @@ def test_the_budget_stops_before_a_block_that_would_not_fit(tmp_path, monkeypatc
 def test_inconsistent_sequential_scenarios_are_refused(overrides, message):
     with pytest.raises(ScenarioError, match=message):
         _plan(**overrides)
+
+
+def test_a_ray_node_must_be_a_node_id():
+    with pytest.raises(ScenarioError, match="not a Ray node id"):
+        _plan(**{"cluster.backend": "ray", "cluster.arms.baseline.node": "x"})

@@ -283,21 +283,28 @@ class Runner:
 
     def _stop_reason(self, blocks_done: int, started: float) -> str | None:
         """Why no further session block starts, or None: a sequential look decided (:func:`harness.gate.look`), or
-        the next block, as long as the average block so far, would end past ``--budget``."""
+        the next block, as long as the last one, would end past ``--budget``."""
         look = gate.look(self.run_dir)
         if look is not None and look.status in (Status.PASS, Status.FAIL):
             return f"sequential stop: {look.status} at the look after block {blocks_done} ({look.reason})"
         budget = self.options.budget_s
-        elapsed = time.monotonic() - started
-        if budget is not None and elapsed + elapsed / blocks_done > budget:
-            return (f"budget: {elapsed:.0f} s of {budget:.0f} s used after {blocks_done} block(s) of ≈ "
-                    f"{elapsed / blocks_done:.0f} s each")
+        now_s = time.monotonic()
+        elapsed, last_block = now_s - started, now_s - self.block_started
+        if self.plan.scenario.serve.concurrent_servers:   # the servers stay up: the next block starts none
+            last_block -= self.timing["server_start_s"] - self.block_start_s
+        self.block_started, self.block_start_s = now_s, self.timing["server_start_s"]
+        if budget is not None and elapsed + last_block > budget:
+            return (f"budget: {elapsed:.0f} s of {budget:.0f} s used after {blocks_done} block(s); the last took "
+                    f"{last_block:.0f} s")
         return None
 
     def _stopped(self, reason: str) -> None:
         """Record an early stop: the levels not run become ``stopped: …`` (not planned any more), the manifest says
         why."""
         self.console.print(f"[bold]{escape(reason)}[/]")
+        for name, server in list(self.servers.items()):   # concurrent servers: GSM8K was due after the last level
+            if server.alive():
+                self._gsm8k(name, server)
         for arm in self.manifest["arms"]:
             for level in arm["levels"].values():
                 if level["status"] == "pending":
@@ -402,6 +409,7 @@ class Runner:
         order = schedule(self.plan)
         gsm8k_at = self._gsm8k_points(order)
         block, blocks_done, stop = None, 0, None
+        self.block_started, self.block_start_s = started, self.timing["server_start_s"]
         try:
             self._connect_cluster(client_env)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),

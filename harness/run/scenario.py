@@ -6,6 +6,8 @@ A scenario is validated into frozen pydantic models. Every error names the file,
 
 from __future__ import annotations
 
+import re
+
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -141,6 +143,9 @@ class ArmPlacementSpec(_Frozen):
 
     @model_validator(mode="after")
     def _one_selector(self) -> "ArmPlacementSpec":
+        if self.node is not None and not re.fullmatch(r"[0-9a-fA-F]+", self.node):
+            raise ValueError(f"node = {self.node!r} is not a Ray node id (hex, as `ray list nodes` prints it); "
+                             "pick the node by label or resource instead")
         chosen = [key for key in ("node", "label", "resource") if getattr(self, key)]
         if len(chosen) > 1:
             raise ValueError(f"gives {' and '.join(chosen)}; pick the node by one of node, label or resource")
