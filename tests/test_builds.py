@@ -12,7 +12,7 @@ import pytest
 from harness.cli import main
 from harness.run import builds
 from harness.run.plan import ArmPlan
-from harness.run.runner import _build_mismatch
+from harness.run.builds import mismatch as _build_mismatch
 from harness.rundir.store import RunDir
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -94,3 +94,12 @@ def record(arm: ArmPlan, timeout_s: float = 60.0) -> dict:
 def release(version: str | None) -> str | None:
     """``0.32.0+cpu`` → ``0.32.0`` (what vLLM's own log banner prints), None stays None."""
     return version.split("+", 1)[0].lstrip("v") if version else None
+
+
+def mismatch(build: dict | None, observed: dict) -> list[str]:
+    """The declared build's version against the one the server's log banner names ([] when either is unknown)."""
+    declared = release((build or {}).get("version"))
+    seen = release(observed.get("vllm_version"))
+    if declared and seen and declared != seen:
+        return [f"vllm version: the arm's build ({build.get('python')}) is {declared}, the server log says {seen}"]
+    return []

@@ -20,10 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
-from harness import gate
-from harness.judge.policy import Status
 from harness.run import (accuracy, attest, builds, cluster as cluster_info, gpu_idle, host_load, machine as machine_mod,
-                         parity, procs, spec_decode)
+                         parity, procs, spec_decode, stopping)
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
@@ -192,7 +190,7 @@ class Runner:
         log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
         entry["sessions"][-1]["placement"] = entry["placement"] = self._placement(arm.name, server, slot, block, log_text)
         observed = attest.observe_from_log(log_text)
-        mismatches = attest.compare_paths(arm.intended, observed) + _build_mismatch(entry.get("build"), observed)
+        mismatches = attest.compare_paths(arm.intended, observed) + builds.mismatch(entry.get("build"), observed)
         if not self.plan.scenario.cluster.allow_version_skew:
             mismatches += cluster_info.version_skew(arm.name, [session["placement"]["node"] for session in
                                                                entry["sessions"] if (session.get("placement") or {})
@@ -274,30 +272,6 @@ class Runner:
         return self.servers[arm.name]
 
     # ----------------------------------------------------------------------------------------------- stopping
-    def _gsm8k_points(self, order: list[tuple[str, int, int]]) -> dict[str, int]:
-        """Where each arm's GSM8K runs: after its last level of session block 0 with sequential servers (so a run
-        that stops early still has it, on a session of its own), after its last level with concurrent ones."""
-        first_block = not self.plan.scenario.serve.concurrent_servers
-        return {name: index for index, (name, _, round_) in enumerate(order)
-                if not first_block or self.plan.block_of(round_) == 0}
-
-    def _stop_reason(self, blocks_done: int, started: float) -> str | None:
-        """Why no further session block starts, or None: a sequential look decided (:func:`harness.gate.look`), or
-        the next block, as long as the last one, would end past ``--budget``."""
-        look = gate.look(self.run_dir)
-        if look is not None and look.status in (Status.PASS, Status.FAIL):
-            return f"sequential stop: {look.status} at the look after block {blocks_done} ({look.reason})"
-        budget = self.options.budget_s
-        now_s = time.monotonic()
-        elapsed, last_block = now_s - started, now_s - self.block_started
-        if self.plan.scenario.serve.concurrent_servers:   # the servers stay up: the next block starts none
-            last_block -= self.timing["server_start_s"] - self.block_start_s
-        self.block_started, self.block_start_s = now_s, self.timing["server_start_s"]
-        if budget is not None and elapsed + last_block > budget:
-            return (f"budget: {elapsed:.0f} s of {budget:.0f} s used after {blocks_done} block(s); the last took "
-                    f"{last_block:.0f} s")
-        return None
-
     def _stopped(self, reason: str) -> None:
         """Record an early stop: the levels not run become ``stopped: …`` (not planned any more), the manifest says
         why."""
@@ -407,9 +381,9 @@ class Runner:
         self.store.log_path("").mkdir(exist_ok=True)
         status = "failed"
         order = schedule(self.plan)
-        gsm8k_at = self._gsm8k_points(order)
+        gsm8k_at = stopping.gsm8k_points(self.plan, order)
         block, blocks_done, stop = None, 0, None
-        self.block_started, self.block_start_s = started, self.timing["server_start_s"]
+        budget = stopping.BlockBudget(self.options.budget_s, started, self.plan.scenario.serve.concurrent_servers)
         try:
             self._connect_cluster(client_env)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
@@ -419,7 +393,8 @@ class Runner:
                     if self.plan.block_of(repeat) != block:
                         if block is not None:
                             blocks_done += 1
-                            stop = self._stop_reason(blocks_done, started)
+                            stop = (stopping.look_stop(self.run_dir, blocks_done)
+                                    or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done))
                             if stop is not None:
                                 break
                         block = self.plan.block_of(repeat)
@@ -493,15 +468,6 @@ def _injection_record(arm: ArmPlan) -> dict[str, Any] | None:
     """The manifest's ``injection`` of an arm (``{"kind", "params"}``), None when the arm injects nothing."""
     injection = parse_injection(arm.server_env.get(ENV_INJECT))
     return None if injection is None else injection.record()
-
-
-def _build_mismatch(build: dict[str, Any] | None, observed: dict[str, Any]) -> list[str]:
-    """The declared build's version against the one the server's log banner names ([] when either is unknown)."""
-    declared = builds.release((build or {}).get("version"))
-    seen = builds.release(observed.get("vllm_version"))
-    if declared and seen and declared != seen:
-        return [f"vllm version: the arm's build ({build.get('python')}) is {declared}, the server log says {seen}"]
-    return []
 
 
 def _successes(server: VllmServer | RemoteServer) -> float:

@@ -1,0 +1,60 @@
+"""When a run stops before its last planned session block, and where GSM8K runs so an early stop still has it.
+
+Two rules, checked by the runner at every block boundary: a sequential look decided (:func:`harness.gate.look`,
+the gate's own verdict at the look's α) or the next block would end past ``--budget`` (:class:`BlockBudget`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness import gate
+from harness.judge.policy import Status
+from harness.run.plan import Plan
+
+__all__ = ["BlockBudget", "gsm8k_points", "look_stop"]
+
+
+def gsm8k_points(plan: Plan, order: list[tuple[str, int, int]]) -> dict[str, int]:
+    """Index in ``order`` after which each arm's GSM8K runs: its last level of session block 0 with sequential
+    servers (so a run that stops early still has it, on a session of its own), its last level with concurrent ones."""
+    first_block = not plan.scenario.serve.concurrent_servers
+    return {name: index for index, (name, _, round_) in enumerate(order)
+            if not first_block or plan.block_of(round_) == 0}
+
+
+def look_stop(run_dir: Path, blocks_done: int) -> str | None:
+    """The stop reason when the sequential look after ``blocks_done`` blocks decided, else None."""
+    look = gate.look(run_dir)
+    if look is not None and look.status in (Status.PASS, Status.FAIL):
+        return f"sequential stop: {look.status} at the look after block {blocks_done} ({look.reason})"
+    return None
+
+
+@dataclass
+class BlockBudget:
+    """``--budget``: no block starts that would end past ``budget_s`` seconds of the run, a block taken to last as
+    long as the previous one — less its server starts when servers stay up (concurrent servers start none again).
+
+    Times are ``time.monotonic()`` seconds; ``server_start_s`` is the run's cumulative server start-up time."""
+
+    budget_s: float | None
+    started: float
+    concurrent_servers: bool
+    block_started: float = 0.0
+    block_start_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.block_started = self.started
+
+    def check(self, now_s: float, server_start_s: float, blocks_done: int) -> str | None:
+        """Close the block that ends at ``now_s``; the stop reason when the next one would not fit, else None."""
+        elapsed, last_block = now_s - self.started, now_s - self.block_started
+        if self.concurrent_servers:
+            last_block -= server_start_s - self.block_start_s
+        self.block_started, self.block_start_s = now_s, server_start_s
+        if self.budget_s is not None and elapsed + last_block > self.budget_s:
+            return (f"budget: {elapsed:.0f} s of {self.budget_s:.0f} s used after {blocks_done} block(s); the last "
+                    f"took {last_block:.0f} s")
+        return None
