@@ -1,4 +1,4 @@
-"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``, ``import``.
+"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``, ``import``, ``calibrate``.
 
 The CLI builds one scenario object (file + flag overrides) and hands it to one entry point. Bad input ends with a
 one-line error naming the fix and exit code 2, before anything is started.
@@ -15,104 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.run.placement import parse_place_flag
+from harness.cli_flags import UsageError  # noqa: F401 (the CLI's usage error; re-exported)
+from harness.cli_flags import add_scenario_flags as _add_scenario_flags, duration as _duration, overrides as _overrides
 from harness.run.scenario import REPO_ROOT, ScenarioError, find_scenario, load_scenario
 
 USAGE_ERROR = 2
 
-
-class UsageError(ValueError):
-    """Bad command-line input; the message is printed as one line and the exit code is 2."""
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
-
-
-def _duration(text: str) -> float:
-    """``"90s"``, ``"12m"``, ``"3h"`` (or plain seconds) → seconds."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
-    try:
-        seconds = float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration, e.g. 90s, 12m or 3h") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a budget must be positive, e.g. 12m")
-    return seconds
-
-
-def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("scenario and overrides (flags override the scenario file)")
-    group.add_argument("--scenario", help="scenario name in scenarios/ or a TOML path "
-                                          "(default: cpu-tiny-dsa without CUDA; glm-5.2-nvfp4-tp4 with CUDA)")
-    group.add_argument("--model", help="model path or Hugging Face id (overrides model.id)")
-    group.add_argument("--tp", type=int, help="tensor parallel size (serve.tensor_parallel_size)")
-    group.add_argument("--quant", help="quantization: none, fp8, nvfp4, … (serve.quantization)")
-    group.add_argument("--kv-cache-dtype", help="auto, fp8, fp8_ds_mla, … (serve.kv_cache_dtype)")
-    group.add_argument("--concurrency", type=_levels, help="levels, e.g. 1,2,4 (workload.concurrency)")
-    group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
-    group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
-    group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
-    group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
-    group.add_argument("--max-sessions", type=int, metavar="N",
-                       help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
-                            "arm (gate.max_sessions and workload.repeats)")
-    group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
-    group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
-    group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
-    group.add_argument("--gsm8k-data", metavar="DIR", help="directory with GSM8K train.jsonl and test.jsonl")
-    mtp = group.add_mutually_exclusive_group()
-    group.add_argument("--inject-candidate", metavar="KIND",
-                       help="calibration injection for the candidate only: topk-random, indexer-rope-flip or "
-                            "step-delay:<ms> (arms.candidate.inject)")
-    mtp.add_argument("--mtp", type=int, metavar="K", help="MTP with K speculative tokens")
-    mtp.add_argument("--no-mtp", action="store_true", help="turn MTP off")
-    cluster = parser.add_argument_group("placement (the [cluster] table)")
-    cluster.add_argument("--cluster-backend", choices=("local", "ray"), help="where servers run (cluster.backend)")
-    cluster.add_argument("--ray-address", metavar="ADDR",
-                         help="auto, host:port, ray://…, or local to start a head (cluster.address)")
-    cluster.add_argument("--swap-nodes", action=argparse.BooleanOptionalAction, default=None,
-                         help="exchange the arms' placements every other block (cluster.swap_nodes)")
-    cluster.add_argument("--aa-check", action=argparse.BooleanOptionalAction, default=None,
-                         help="first an A/A run of the baseline arm on both placements, unswapped (cluster.aa_check)")
-    for arm in ("baseline", "candidate"):
-        cluster.add_argument(f"--place-{arm}", metavar="SPEC",
-                             help=f"{arm}'s placement: node=ID, label=KEY:VALUE, resource=NAME, cores=0-1, gpus=0,1 "
-                                  f"separated by ';' (cluster.arms.{arm})")
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    mapping = {
-        "model": "model.id", "tp": "serve.tensor_parallel_size", "quant": "serve.quantization",
-        "kv_cache_dtype": "serve.kv_cache_dtype", "concurrency": "workload.concurrency",
-        "input_len": "workload.input_len", "output_len": "workload.output_len", "repeats": "workload.repeats",
-        "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
-        "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
-        "cluster_backend": "cluster.backend", "ray_address": "cluster.address", "swap_nodes": "cluster.swap_nodes",
-        "aa_check": "cluster.aa_check",
-    }
-    overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
-    overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
-    if args.max_sessions is not None:
-        overrides["gate.max_sessions"] = overrides["workload.repeats"] = args.max_sessions
-    if args.no_mtp:
-        overrides["mtp.num_speculative_tokens"] = 0
-    if args.no_gsm8k:
-        overrides["accuracy.enabled"] = False
-    for arm in ("baseline", "candidate"):
-        if getattr(args, f"place_{arm}") is not None:
-            try:
-                overrides[f"cluster.arms.{arm}"] = parse_place_flag(getattr(args, f"place_{arm}"))
-            except ValueError as error:
-                raise UsageError(f"--place-{arm}: {error}") from None
-    if args.num_prompts is not None:
-        overrides["workload.min_prompts"] = args.num_prompts
-        overrides["workload.prompts_per_concurrency"] = 1
-    return overrides
 
 
 def default_scenario(machine_name: str, tp: int | None, quant: str | None) -> str:
