@@ -5,6 +5,12 @@ Names are vLLM's (``benchmarks/serve.py``): a latency statistic such as ``mean_t
 level's successful requests of the per-request figure (TPOT = (E2EL − TTFT) / (output_len − 1)). vLLM writes it as
 the ``levels.csv`` column of that name, which the report shows; the gate recomputes the same statistic from
 ``requests.csv`` (``column`` and ``statistic``), because its bootstrap resamples requests within rounds.
+
+Server-side figures (:data:`SERVER_SIDE`, ``levels.csv`` columns of :mod:`harness.run.server_metrics`) are vLLM's own
+``/metrics`` histograms over the same measured window: ``server_mean_<m>_ms`` beside the client's ``mean_<m>_ms``, and
+the decomposition output throughput = ``engine_steps_per_s`` × ``tokens_per_step`` (engine speed × tokens per step;
+with MTP the tokens per step carry the acceptance). They are level metrics (one figure per round), gated only when a
+policy names them, diagnostic otherwise.
 """
 
 from __future__ import annotations
@@ -70,6 +76,28 @@ _SHORT = {"ttft_ms": "request sent → first token", "tpot_ms": "(E2EL − TTFT)
 _FULL = {"ttft_ms": _TTFT, "tpot_ms": _TPOT, "e2el_ms": _E2EL}
 
 
+_SERVER = ("from vLLM's /metrics histogram {hist} over the measured window (warmups excluded): "
+           "Δsum / Δcount, summed over engines; {what}")
+_SERVER_WHAT = {
+    "ttft": ("vllm:time_to_first_token_seconds",
+             "per request, the API server's arrival → its first token processed (no client or network time)"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",
+             "per finished request, decode time (engine timestamps, first → last token) / (tokens − 1), 0 for a "
+             "one-token request; the client's TPOT is (E2EL − TTFT) / (output_len − 1) at the client"),
+    "itl": ("vllm:inter_token_latency_seconds",
+            "one gap per engine output of a running request, pooled (with MTP an output can hold several tokens)"),
+    "e2el": ("vllm:e2e_request_latency_seconds",
+             "per finished request, the API server's arrival → its last output processed"),
+}
+
+
+def _server(metric: str, label: str, default_margin: float | None) -> Metric:
+    histogram, what = _SERVER_WHAT[metric]
+    return Metric(f"server_mean_{metric}_ms", f"Mean {label} (server)", "ms", False, "level", default_margin,
+                  f"server_mean_{metric}_ms", short=f"vLLM /metrics {label} histogram; mean",
+                  formula=f"{label} (server) = " + _SERVER.format(hist=histogram, what=what))
+
+
 def _throughput(name: str, label: str, unit: str, short: str, formula: str) -> Metric:
     return Metric(name, label, unit, True, "level", -3.0, name, short=short, formula=formula)
 
@@ -96,6 +124,19 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            short="gap between streamed chunks, pooled; mean", formula=_ITL + "; mean"),
     Metric("p99_itl_ms", "P99 ITL", "ms", False, "level", None, "p99_itl_ms",
            short="gap between streamed chunks, pooled; p99", formula=_ITL + "; 99th percentile"),
+    _server("ttft", "TTFT", 3.0),
+    _server("tpot", "TPOT", 3.0),
+    _server("itl", "ITL", None),
+    _server("e2el", "E2EL", 3.0),
+    Metric("engine_steps_per_s", "Engine steps per second", "steps/s", True, "level", -3.0, "engine_steps_per_s",
+           short="engine steps / duration (server)",
+           formula="Δ vllm:iteration_tokens_total_count (engine steps that emitted output) / benchmark duration; "
+                   "output throughput = engine steps per second × tokens per step (engine speed, untouched by MTP "
+                   "acceptance at a fixed concurrency)"),
+    Metric("tokens_per_step", "Tokens per engine step", "tokens", True, "level", -2.0, "tokens_per_step",
+           short="generated tokens / engine steps (server)",
+           formula="Δ vllm:generation_tokens_total / Δ vllm:iteration_tokens_total_count = requests decoded per "
+                   "step × tokens per request-step (1 without MTP, ≈ the MTP acceptance length with it)"),
     Metric("acceptance_length", "MTP acceptance length", "tokens", True, "spec", -2.0, "acceptance_length",
            formula="1 + accepted draft tokens / drafts over the measured window"),
     Metric("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0, "acceptance_rate",
@@ -105,10 +146,17 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 """Every metric, by name. p99 latency margins default to +10 %: a tail quantile is far noisier."""
 
-REPORT_TABLE: tuple[str, ...] = ("output_throughput", "total_token_throughput", "request_throughput",
-                                 "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
-                                 "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms")
-"""The metrics of the report's per-level tables, in order: vLLM's ``levels.csv`` columns of the same names."""
+SERVER_SIDE: tuple[str, ...] = ("engine_steps_per_s", "tokens_per_step", "server_mean_ttft_ms", "server_mean_tpot_ms",
+                                "server_mean_itl_ms", "server_mean_e2el_ms")
+"""The metrics read from the server's ``/metrics`` (empty in run directories recorded without the captures)."""
+
+REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step", "total_token_throughput",
+                                 "request_throughput", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
+                                 "p99_ttft_ms", "mean_tpot_ms", "server_mean_tpot_ms", "median_tpot_ms",
+                                 "p99_tpot_ms", "mean_itl_ms", "server_mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+                                 "server_mean_e2el_ms")
+"""The metrics of the report's per-level tables, in order: the ``levels.csv`` columns of the same names; each server
+figure right under the client figure it mirrors, the throughput decomposition under the output throughput."""
 
 
 def achieved_concurrency(frame) -> float | None:

@@ -10,7 +10,7 @@ import numpy as np
 from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
 from harness.judge.validity import ValidityReport
-from harness.metrics import succeeded
+from harness.metrics import SERVER_SIDE, succeeded
 from harness.rundir.schema import Manifest
 from harness.rundir.store import finite_float
 
@@ -82,12 +82,22 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
         if spec.source == "accuracy":
             cells.append(_accuracy_cell(accuracy, policy, validity, base, cand))
             continue
-        if not primary and spec.source == "spec" and not _has_spec_data(levels):
+        if not primary and not _has_data(spec, levels):
             continue
         for level in wanted_levels:
             cells.append(_level_cell(spec, level, primary, validity, level_rows, request_groups, levels, policy,
                                      base, cand))
     return cells
+
+
+def _has_data(spec: Metric, levels) -> bool:
+    """False for an MTP metric without MTP columns and a server-side metric without its column's values (a run
+    recorded without ``/metrics`` captures): a diagnostic cell is then left out rather than shown INVALID."""
+    if spec.source == "spec":
+        return _has_spec_data(levels)
+    if spec.name in SERVER_SIDE:
+        return spec.column in levels.columns and levels[spec.column].notna().any()
+    return True
 
 
 def _has_spec_data(levels) -> bool:
@@ -105,6 +115,9 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
         reasons += validity.level_latency_reasons(level)
     if spec.source in ("level", "request"):
         reasons += validity.performance_reasons
+    if spec.name in SERVER_SIDE and not _has_data(spec, levels):
+        reasons.append(f"levels.csv has no {spec.column} values: the run was recorded without the server's /metrics "
+                       f"captures (older dsa-bench, imported results); drop {spec.name!r} from [gate].primary")
     if spec.source == "spec" and not _has_spec_data(levels):
         reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
                        f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")

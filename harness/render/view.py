@@ -24,7 +24,7 @@ from harness.render.text import show
 from harness.rundir import store as records
 from harness.rundir.schema import ArmRecord, Manifest
 from harness.rundir.store import RunDir
-from harness.metrics import achieved_concurrency, succeeded
+from harness.metrics import SERVER_SIDE, achieved_concurrency, succeeded
 from harness.render.metrics_table import (
     ARMS,
     BASELINE,
@@ -219,12 +219,22 @@ def _achieved(reqs) -> Summary:
     return summarize(values)
 
 
+def _shown_metrics(levels) -> tuple[Metric, ...]:
+    """The per-level table's metrics: every client metric, and the server-side ones (:data:`SERVER_SIDE`) only when
+    ``levels.csv`` has a value for them (a run recorded without ``/metrics`` captures shows no empty server rows)."""
+    def has_data(name: str) -> bool:
+        return name in levels.columns and levels[name].notna().any()
+
+    return tuple(m for m in METRICS if m.name not in SERVER_SIDE or has_data(m.name))
+
+
 def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
     """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
 
     ``levels``/``requests`` are the frames of :meth:`RunDir.levels` and :meth:`RunDir.requests`.
     """
     statuses = {arm: _level_statuses(manifest.arm(arm)) for arm in ARMS}
+    shown = _shown_metrics(levels)
     views = []
     for concurrency in _level_universe(manifest, levels, requests):
         per_arm: dict[str, ArmLevel] = {}
@@ -248,7 +258,7 @@ def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
                 requests=n_requests, request_errors=n_errors, output_len_range=length_range, errors=errors,
             )
         metric_rows = []
-        for metric in METRICS:
+        for metric in shown:
             base = _summary_of(frames[BASELINE], metric.name)
             cand = _summary_of(frames[CANDIDATE], metric.name)
             delta = delta_pct(base.value, cand.value)

@@ -21,7 +21,7 @@ import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
 from harness.run import (accuracy, attest, builds, cluster as cluster_info, gpu_idle, host_load, machine as machine_mod,
-                         parity, procs, spec_decode, stopping)
+                         parity, procs, server_metrics, spec_decode, stopping)
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
@@ -359,6 +359,7 @@ class Runner:
         level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat, self._session(arm.name))
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
+        level_row.update(server_metrics.level_fields(server_metrics.from_bench_result(bench)))
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
         level_row["load_avg_1m"] = host_load.read_load_1m()

@@ -10,7 +10,10 @@ Pure: pydantic models and constants, no file access (that is :mod:`harness.rundi
 - ``accuracy.csv`` — one :class:`AccuracyRow` per arm × GSM8K question × lm-eval filter; ``accuracy/<arm>/`` holds
   lm-eval's own output and ``arm.json``; ``accuracy/summary.json`` the per-arm scores (:class:`AccuracySummary`).
 - ``parity/<arm>.json`` and ``parity.json`` — greedy outputs per arm and their comparison (:class:`ParitySummary`).
-- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result.
+- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result, plus the
+  key ``dsa_bench_server_metrics``: the server's full Prometheus ``/metrics`` text right before and right after the
+  measured requests (``{"before": {"unix_s", "text"}, "after": {...}}``; :mod:`harness.run.server_metrics`; absent
+  in older run directories and imported results).
 - ``logs/`` — server, benchmark-client and lm-eval logs.
 - ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
 
@@ -337,6 +340,12 @@ class LevelRow(_Record):
     MTP columns (empty with MTP off): drafts, draft tokens, accepted tokens (counts over the measured window);
     ``acceptance_rate`` = accepted / draft tokens (0..1); ``acceptance_length`` = 1 + accepted / drafts;
     ``acceptance_per_pos`` = per-position rates, ``;``-joined.
+    Server columns (empty where the raw result has no ``/metrics`` captures; :mod:`harness.run.server_metrics`), over
+    the same measured window: ``server_mean_{ttft,tpot,itl,e2el}_ms`` = Δsum / Δcount of vLLM's histograms (ms;
+    the server's TPOT is its decode time / (tokens − 1) per request), ``server_requests`` finished requests,
+    ``server_generation_tokens`` generated tokens, ``engine_steps`` engine steps that emitted output,
+    ``engine_steps_per_s`` = engine_steps / duration_s and ``tokens_per_step`` = server_generation_tokens /
+    engine_steps (their product is the output throughput).
     """
 
     arm: str
@@ -362,6 +371,15 @@ class LevelRow(_Record):
     client_cpu_util: float | None = None
     host_steal_fraction: float | None = None   # stolen / all CPU ticks of the host over the level (/proc/stat)
     load_avg_1m: float | None = None            # the host's 1-minute load average at the level's end (/proc/loadavg)
+    server_mean_ttft_ms: float | None = None
+    server_mean_tpot_ms: float | None = None
+    server_mean_itl_ms: float | None = None
+    server_mean_e2el_ms: float | None = None
+    server_requests: float | None = None
+    server_generation_tokens: float | None = None
+    engine_steps: float | None = None
+    engine_steps_per_s: float | None = None
+    tokens_per_step: float | None = None
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None

@@ -1,0 +1,201 @@
+"""Server-side timings and the engine-step decomposition from vLLM's /metrics: the window maths on Prometheus text
+written by prometheus_client itself, the capture hook around vLLM's bench, and the identities on one real capture
+(tests/fixtures/server_metrics/, recorded from a real cpu-tiny-dsa level)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import types
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from harness.run import loadgen, server_metrics
+from harness.run.load import parse_bench_result
+
+REAL = Path(__file__).parent / "fixtures" / "server_metrics" / "cpu-tiny-dsa-c4.json"
+
+
+class FakeVllmMetrics:
+    """A registry with vLLM's metric names and per-engine labels, exposed as real Prometheus text."""
+
+    def __init__(self, with_tpot: bool = True):
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+
+        def histogram(name):
+            return Histogram(name, name, labels, registry=self.registry)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds")
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds") if with_tpot else None
+        self.itl = histogram("vllm:inter_token_latency_seconds")
+        self.e2el = histogram("vllm:e2e_request_latency_seconds")
+        self.steps = Histogram("vllm:iteration_tokens_total", "steps", labels, registry=self.registry,
+                               buckets=(1, 8, 64, 512))
+        self.tokens = Counter("vllm:generation_tokens", "tokens", labels, registry=self.registry)
+        for metric in (self.ttft, self.tpot, self.itl, self.e2el, self.steps, self.tokens):
+            for engine in ("0", "1"):   # like vLLM's create_metric_per_engine: every engine's series exists at 0
+                if metric is not None:
+                    metric.labels("m", engine)
+
+    def request(self, engine: str, ttft: float, tpot: float, e2el: float, tokens: int) -> None:
+        for histogram, value in ((self.ttft, ttft), (self.tpot, tpot), (self.e2el, e2el)):
+            if histogram is not None:
+                histogram.labels("m", engine).observe(value)
+        self.tokens.labels("m", engine).inc(tokens)
+
+    def step(self, engine: str, tokens: int, itl: float | None = None) -> None:
+        self.steps.labels("m", engine).observe(tokens)
+        if itl is not None:
+            self.itl.labels("m", engine).observe(itl)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_window_means_are_delta_sum_over_delta_count_summed_over_engines():
+    server = FakeVllmMetrics()
+    server.request("0", ttft=9.0, tpot=9.0, e2el=9.0, tokens=100)   # before the window: must not count
+    server.step("0", 50, itl=9.0)
+    before = server.text()
+    server.request("0", ttft=0.010, tpot=0.002, e2el=0.100, tokens=30)
+    server.request("1", ttft=0.030, tpot=0.004, e2el=0.300, tokens=50)
+    for engine, itl in (("0", 0.001), ("1", 0.003), ("1", 0.005)):
+        server.step(engine, 20, itl=itl)
+    server.step("0", 20)
+    fields = server_metrics.window(before, server.text(), duration_s=2.0)
+    assert fields["server_mean_ttft_ms"] == pytest.approx(20.0)
+    assert fields["server_mean_tpot_ms"] == pytest.approx(3.0)
+    assert fields["server_mean_itl_ms"] == pytest.approx(3.0)
+    assert fields["server_mean_e2el_ms"] == pytest.approx(200.0)
+    assert (fields["server_requests"], fields["server_generation_tokens"], fields["engine_steps"]) == (2, 80, 4)
+    assert fields["engine_steps_per_s"] == pytest.approx(2.0)
+    assert fields["tokens_per_step"] == pytest.approx(20.0)
+    assert fields["engine_steps_per_s"] * fields["tokens_per_step"] == pytest.approx(80 / 2.0)
+
+
+def test_absent_histograms_and_empty_windows_give_none():
+    server = FakeVllmMetrics(with_tpot=False)
+    before = server.text()
+    idle = server_metrics.window(before, server.text(), duration_s=1.0)
+    assert all(idle[c] is None for c in server_metrics.TIMING_HISTOGRAMS)   # Δcount = 0
+    assert idle["engine_steps"] == 0 and idle["tokens_per_step"] is None and idle["engine_steps_per_s"] == 0.0
+    server.request("0", 0.01, 0.0, 0.1, 5)
+    server.step("0", 5)
+    fields = server_metrics.window(before, server.text(), duration_s=None)
+    assert fields["server_mean_tpot_ms"] is None                            # histogram absent
+    assert fields["server_mean_ttft_ms"] == pytest.approx(10.0)
+    assert fields["engine_steps_per_s"] is None and fields["tokens_per_step"] == 5.0
+    # a server without any vLLM metric (e.g. the fault tests' fake server): every column empty, nothing raised
+    bare = "# TYPE vllm:request_success_total counter\nvllm:request_success_total 3.0\n"
+    assert set(server_metrics.window(bare, bare, 1.0).values()) == {None}
+
+
+def test_a_counter_that_went_down_is_a_restart():
+    server = FakeVllmMetrics()
+    server.request("0", 0.01, 0.001, 0.1, 5)
+    with pytest.raises(ValueError, match="restarted"):
+        server_metrics.window(server.text(), FakeVllmMetrics().text(), 1.0)
+
+
+def test_results_without_captures_read_as_empty_and_broken_captures_are_refused():
+    assert set(server_metrics.from_bench_result({"duration": 1.0}).values()) == {None}
+    with pytest.raises(ValueError, match="before/after"):
+        server_metrics.from_bench_result({server_metrics.RESULT_KEY: {"before": {}}})
+
+
+def test_capture_wraps_the_two_reads_around_the_measured_requests():
+    """A stand-in for ``vllm.benchmarks.serve`` with the real call pattern: warmups, read, requests, read."""
+    server = FakeVllmMetrics()
+    calls = []
+
+    class Response:
+        status = 200
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def text(self):
+            return server.text()
+
+    class Session:
+        def get(self, url):
+            calls.append(url)
+            return Response()
+
+    async def fetch_spec_decode_metrics(base_url, session):
+        calls.append("bench's own read")
+        return None
+
+    async def benchmark(base_url):
+        session = Session()
+        server.request("0", 9.0, 9.0, 9.0, 100)                   # warmup
+        await module.fetch_spec_decode_metrics(base_url, session)
+        server.request("0", 0.02, 0.001, 0.2, 32)                 # the measured request
+        server.step("0", 32)
+        await module.fetch_spec_decode_metrics(base_url, session)
+        return {"duration": 0.5}
+
+    module = types.SimpleNamespace(fetch_spec_decode_metrics=fetch_spec_decode_metrics, benchmark=benchmark)
+    loadgen.install_capture(module)
+    result = asyncio.run(module.benchmark("http://h:1"))
+    assert calls == ["http://h:1/metrics", "bench's own read"] * 2
+    fields = server_metrics.from_bench_result(json.loads(json.dumps(result)))
+    assert fields["server_requests"] == 1 and fields["server_mean_ttft_ms"] == pytest.approx(20.0)
+    assert fields["server_generation_tokens"] == 32 and fields["engine_steps_per_s"] == pytest.approx(2.0)
+
+
+def test_level_fields_round_and_keep_empty_cells():
+    cells = server_metrics.level_fields({"server_mean_tpot_ms": 1.23456789, "engine_steps": 7,
+                                         "tokens_per_step": float("nan")})
+    assert cells["server_mean_tpot_ms"] == 1.23457 and cells["engine_steps"] == 7
+    assert cells["tokens_per_step"] is None and cells["server_mean_ttft_ms"] is None
+    assert tuple(cells) == server_metrics.LEVEL_COLUMNS
+
+
+# ----------------------------------------------------------------------------------------------- a real capture
+@pytest.fixture(scope="module")
+def real():
+    return json.loads(REAL.read_text())
+
+
+def test_real_capture_counts_exactly_the_measured_requests(real):
+    fields = server_metrics.from_bench_result(real)
+    # warmups and the ready check happened before the first read: the window holds the measured requests only
+    assert fields["server_requests"] == real["completed"] == real["num_prompts"]
+    assert fields["server_generation_tokens"] == real["total_output_tokens"] == sum(real["output_lens"])
+
+
+def test_real_capture_decomposition_reproduces_the_output_throughput(real):
+    level, _ = parse_bench_result(real, "baseline", 4, 0)
+    cells = server_metrics.level_fields(server_metrics.from_bench_result(real))
+    product = cells["engine_steps_per_s"] * cells["tokens_per_step"]
+    assert product == pytest.approx(level["output_throughput"], rel=1e-4)   # the cells carry 6 significant digits
+    # 4 requests in flight, and MTP (k = 1) adds the accepted drafts: more than one token per step on average
+    assert 1.0 < cells["tokens_per_step"] <= 4 * 2
+
+
+def test_real_capture_mtp_tokens_are_first_tokens_plus_drafts_plus_accepted(real):
+    """Every decode step of a request with MTP emits its accepted drafts + 1 token; the prefill emits the first.
+    Drafts cut short by max_tokens at a request's end can make the sum exceed the tokens by at most one per
+    request."""
+    fields = server_metrics.from_bench_result(real)
+    drafts, accepted = real["spec_decode_num_drafts"], real["spec_decode_accepted_tokens"]
+    expected = fields["server_requests"] + drafts + accepted
+    assert 0 <= expected - fields["server_generation_tokens"] <= fields["server_requests"]
+
+
+def test_real_capture_server_and_client_tpot_measure_the_same_thing(real):
+    """The server's TPOT (engine timestamps) and the client's (E2EL − TTFT)/(output_len − 1) agree within the HTTP
+    and streaming overhead; the server's TTFT starts at the API server, so it cannot exceed the client's."""
+    fields = server_metrics.from_bench_result(real)
+    assert math.isfinite(real["mean_tpot_ms"]) and fields["server_mean_tpot_ms"] > 0
+    assert abs(fields["server_mean_tpot_ms"] / real["mean_tpot_ms"] - 1) < 0.25
+    assert fields["server_mean_ttft_ms"] <= real["mean_ttft_ms"]
+    assert fields["server_mean_e2el_ms"] <= real["mean_e2el_ms"]
