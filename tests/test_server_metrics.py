@@ -199,3 +199,97 @@ def test_real_capture_server_and_client_tpot_measure_the_same_thing(real):
     assert abs(fields["server_mean_tpot_ms"] / real["mean_tpot_ms"] - 1) < 0.25
     assert fields["server_mean_ttft_ms"] <= real["mean_ttft_ms"]
     assert fields["server_mean_e2el_ms"] <= real["mean_e2el_ms"]
+
+
+# ----------------------------------------------------------------------------------------------- registry, verdict, report
+def _aa_run():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("aa_split", Path(__file__).parent / "fixtures" / "recorded"
+                                                  / "aa_split.py")
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    return aa, aa.aa_run(8)
+
+
+def _with_server_columns(levels, candidate_tpot_factor: float = 1.0):
+    """The recorded A/A levels with server columns derived from the client's (the server's TPOT a shade lower)."""
+    levels = levels.copy()
+    factor = [candidate_tpot_factor if arm == "candidate" else 1.0 for arm in levels["arm"]]
+    levels["server_mean_tpot_ms"] = levels["mean_tpot_ms"].astype(float) * 0.99 * factor
+    levels["tokens_per_step"] = 0.9 * levels["concurrency"].astype(float)
+    levels["engine_steps_per_s"] = levels["output_throughput"].astype(float) / levels["tokens_per_step"]
+    return levels
+
+
+def test_server_metrics_are_registered_gateable_level_metrics_not_primary_by_default():
+    from harness.judge.policy import DEFAULT_PRIMARY, METRICS as GATEABLE
+    from harness.metrics import METRICS, REPORT_TABLE, SERVER_SIDE
+    from harness.rundir import schema
+
+    assert set(SERVER_SIDE) <= set(REPORT_TABLE) and set(SERVER_SIDE) <= set(schema.LEVEL_COLUMNS)
+    assert not set(SERVER_SIDE) & set(DEFAULT_PRIMARY)
+    assert all(METRICS[name].source == "level" for name in SERVER_SIDE)
+    assert {"server_mean_tpot_ms", "engine_steps_per_s", "tokens_per_step"} <= set(GATEABLE)
+    assert "(E2EL − TTFT) / (output_len − 1)" in METRICS["server_mean_tpot_ms"].formula
+    for client in ("ttft", "tpot", "itl", "e2el"):   # each server row sits right under its client row
+        assert REPORT_TABLE.index(f"server_mean_{client}_ms") == REPORT_TABLE.index(f"mean_{client}_ms") + 1
+
+
+def test_diagnostic_server_cells_appear_only_with_data():
+    from harness.judge import verdict
+    from harness.judge.policy import GatePolicy
+    from harness.metrics import SERVER_SIDE
+
+    aa, run = _aa_run()
+    manifest, levels, requests = aa.typed(run)
+    policy = GatePolicy(primary=("output_throughput",))
+    old = verdict.evaluate(manifest, levels, requests, None, policy, diagnostics=True)
+    assert not [c for c in old.cells if c.metric in SERVER_SIDE]
+    new = verdict.evaluate(manifest, _with_server_columns(levels), requests, None, policy, diagnostics=True)
+    shown = {c.metric for c in new.cells if not c.primary and c.status is None and c.ci_low is not None}
+    assert {"server_mean_tpot_ms", "engine_steps_per_s", "tokens_per_step"} <= shown
+
+
+def test_server_tpot_can_be_the_primary_metric():
+    from harness.judge import verdict
+    from harness.judge.policy import GatePolicy, Status
+
+    aa, run = _aa_run()
+    manifest, levels, requests = aa.typed(run)
+    policy = GatePolicy(primary=("server_mean_tpot_ms",))
+    missing = verdict.evaluate(manifest, levels, requests, None, policy, diagnostics=False)
+    assert missing.status == Status.INVALID and "/metrics" in missing.primary[0].note()
+    same = verdict.evaluate(manifest, _with_server_columns(levels), requests, None, policy, diagnostics=False)
+    assert same.status != Status.INVALID and same.status != Status.FAIL
+    slower = verdict.evaluate(manifest, _with_server_columns(levels, 1.15), requests, None, policy,
+                              diagnostics=False)
+    assert slower.status == Status.FAIL
+
+
+def test_report_shows_server_rows_under_the_client_rows(tmp_path):
+    import csv
+    import shutil
+
+    from harness.render import render_report
+    from harness.rundir import store as records
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "run_dir", run_dir)
+    with (run_dir / "levels.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        row["server_mean_tpot_ms"] = f"{float(row['mean_tpot_ms']) * 0.5:.4f}"
+        row["engine_steps_per_s"], row["tokens_per_step"] = "123.5", "4.25"
+    (run_dir / "levels.csv").write_text(records.rows_to_csv(rows, tuple(rows[0])))
+    html = render_report(run_dir).read_text(encoding="utf-8")
+    table = html[html.index('data-concurrency="1"', html.index('id="levels"')):]
+    table = table[:table.index("</table>")]
+    order = [name for name in ("output_throughput", "engine_steps_per_s", "tokens_per_step", "mean_tpot_ms",
+                               "server_mean_tpot_ms", "median_tpot_ms") if f'data-metric="{name}"' in table]
+    assert order == ["output_throughput", "engine_steps_per_s", "tokens_per_step", "mean_tpot_ms",
+                     "server_mean_tpot_ms", "median_tpot_ms"]
+    assert [table.index(f'data-metric="{n}"') for n in order] == sorted(table.index(f'data-metric="{n}"')
+                                                                        for n in order)
+    assert "123.50" in table and "Mean TPOT (server)" in table
+    assert 'data-metric="server_mean_ttft_ms"' not in table   # no data for it in this run: no row
