@@ -93,7 +93,7 @@ _SERVER_WHAT = {
 
 def _server(metric: str, label: str, default_margin: float | None) -> Metric:
     histogram, what = _SERVER_WHAT[metric]
-    return Metric(f"server_mean_{metric}_ms", f"Mean {label} (server)", "ms", False, "level", default_margin,
+    return Metric(f"server_mean_{metric}_ms", f"Mean {label}, server", "ms", False, "level", default_margin,
                   f"server_mean_{metric}_ms", short=f"vLLM /metrics {label} histogram; mean",
                   formula=f"{label} (server) = " + _SERVER.format(hist=histogram, what=what))
 

@@ -291,5 +291,5 @@ def test_report_shows_server_rows_under_the_client_rows(tmp_path):
                      "server_mean_tpot_ms", "median_tpot_ms"]
     assert [table.index(f'data-metric="{n}"') for n in order] == sorted(table.index(f'data-metric="{n}"')
                                                                         for n in order)
-    assert "123.50" in table and "Mean TPOT (server)" in table
+    assert "123.50" in table and "Mean TPOT, server" in table
     assert 'data-metric="server_mean_ttft_ms"' not in table   # no data for it in this run: no row
