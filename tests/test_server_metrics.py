@@ -293,3 +293,22 @@ def test_report_shows_server_rows_under_the_client_rows(tmp_path):
                                                                         for n in order)
     assert "123.50" in table and "Mean TPOT, server" in table
     assert 'data-metric="server_mean_ttft_ms"' not in table   # no data for it in this run: no row
+
+
+def test_installed_vllm_bench_reads_metrics_twice_in_benchmark_and_calls_it_by_module_name():
+    """The capture relies on vLLM's bench calling the module-level ``fetch_spec_decode_metrics`` exactly twice in
+    ``benchmark()`` and ``main_async`` calling the module-level ``benchmark``; read from the installed source (AST,
+    without importing vLLM), so a vLLM upgrade that changes either fails here."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("vllm").origin).parent / "benchmarks" / "serve.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.AsyncFunctionDef)}
+
+    def calls(function: str, name: str) -> int:
+        return sum(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+                   for node in ast.walk(functions[function]))
+
+    assert calls("benchmark", "fetch_spec_decode_metrics") == 2
+    assert calls("main_async", "benchmark") == 1
