@@ -35,6 +35,7 @@ from pydantic import Field
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
+from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
 from harness.rundir.record import Record as _Record
 
 SCHEMA_VERSION = 2
@@ -296,6 +297,7 @@ class Manifest(_Record):
     stopped: StopRecord | None = None           # a sequential look or the budget ended the run early
     aa_check: AaCheckRecord | None = None       # the A/A run across the placements before this A/B
     cluster: ClusterRecord | None = None        # where the arms ran (None: written before placements were recorded)
+    pilot: PilotRecord | None = None            # the levels that set the prompt counts (None: no workload.min_level_s)
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""
@@ -418,7 +420,7 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
     "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest",
-    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS",
+    "NodeRecord", "PARITY", "PilotLevel", "PilotRecord", "PARITY_DIR", "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS",
     "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
