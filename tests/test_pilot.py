@@ -6,7 +6,10 @@ so each level's length follows from its prompt count as on a real server."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ from harness.run import runner as runner_mod
 from harness.run.scenario import LEVEL_TIMEOUT_HEADROOM, ScenarioError, load_scenario
 from harness.rundir import schema
 from harness.rundir.store import RunDir
-from fakes.support import StubServer
+from fakes.support import SCENARIO as FAULT_SCENARIO, StubServer, clean_environ, fake_env, leftovers
 
 CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
 SCENARIO = "tests/fixtures/recorded/record-sessions.toml"   # concurrency 1, 4: 16 and 48 prompts, timeout 300 s
@@ -227,3 +230,38 @@ def test_a_capped_floor_is_noted_in_the_manifest(tmp_path, monkeypatch, fake_cli
     record = schema.PilotRecord.model_validate(manifest["pilot"])
     assert record.counts() == {1: 21, 4: 84} and all(level.capped for level in record.levels)
     assert pilot.CAPPED_NOTE in manifest["notes"] and "capped by workload.level_timeout_s" in record.describe()
+
+
+# ------------------------------------------------------------------------------------------------- real client
+@pytest.mark.slow
+def test_compare_with_a_floor_against_fake_servers_and_vllms_own_bench_client(tmp_path, monkeypatch):
+    """``dsa-bench compare --min-level-s 1`` end to end: fake servers (tests/fakes/fake_vllm.py), vLLM's real
+    ``vllm bench serve`` in the loadgen child, so the pilot's argv and result JSON are vLLM's own."""
+    from harness.run import procs
+
+    env = fake_env(tmp_path, delay_s="0.01")   # 8 output tokens per request: ≈ 0.1 s a request
+    for key in set(os.environ) - set(clean_environ()):
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(procs, "cleanup_on_exit", lambda: None)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["compare", "--scenario", str(FAULT_SCENARIO), "--out", str(tmp_path / "results"),
+                     "--min-level-s", "1"])
+    (run_dir,) = list((tmp_path / "results").iterdir())
+    assert code == 0, err.getvalue()[-3000:]
+    stored = RunDir(run_dir)
+    record = stored.manifest().pilot
+    assert record is not None and record.arm == "baseline" and record.min_level_s == 1.0   # abba: baseline first
+    for level in record.levels:
+        assert level.pilot_prompts == 2 and 0 < level.duration_s < 1.0 and level.error is None
+        assert level.num_prompts > 2 and level.num_prompts % level.concurrency == 0
+        assert json.loads((run_dir / level.raw).read_text())["completed"] == 2
+    requests = stored.requests(numeric=True)
+    sent = requests.groupby(["arm", "concurrency"]).size().to_dict()
+    assert sent == {(arm, c): n for arm in ("baseline", "candidate") for c, n in record.counts().items()}
+    levels = stored.levels(numeric=True)
+    assert len(levels) == 4 and (levels["duration_s"] > 0.5).all()   # ≈ the floor, not the pilot's ≈ 0.2 s
+    assert "counts set by a pilot" in err.getvalue()
+    assert procs.live_children() == [] and leftovers(env) == []

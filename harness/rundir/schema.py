@@ -10,7 +10,9 @@ Pure: pydantic models and constants, no file access (that is :mod:`harness.rundi
 - ``accuracy.csv`` — one :class:`AccuracyRow` per arm × GSM8K question × lm-eval filter; ``accuracy/<arm>/`` holds
   lm-eval's own output and ``arm.json``; ``accuracy/summary.json`` the per-arm scores (:class:`AccuracySummary`).
 - ``parity/<arm>.json`` and ``parity.json`` — greedy outputs per arm and their comparison (:class:`ParitySummary`).
-- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result.
+- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result;
+  ``raw/pilot-<arm>-c<concurrency>.json`` a pilot level's (``workload.min_level_s``; manifest ``pilot``), not a
+  measurement.
 - ``logs/`` — server, benchmark-client and lm-eval logs.
 - ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
 
