@@ -422,7 +422,8 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
     "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest",
-    "NodeRecord", "PARITY", "PilotLevel", "PilotRecord", "PARITY_DIR", "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS",
+    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement", "Platform",
+    "RAW_DIR", "READABLE_VERSIONS",
     "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
