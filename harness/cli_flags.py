@@ -45,6 +45,10 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-dtype", help="auto, fp8, fp8_ds_mla, … (serve.kv_cache_dtype)")
     group.add_argument("--concurrency", type=_levels, help="levels, e.g. 1,2,4 (workload.concurrency)")
     group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
+    group.add_argument("--min-level-s", type=float, metavar="S",
+                       help="at least S seconds of measured load per level: a pilot before the first measured level "
+                            "sets each concurrency's prompt count, the same for both arms and every round "
+                            "(workload.min_level_s; 0 = off)")
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
     group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
@@ -80,6 +84,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model": "model.id", "tp": "serve.tensor_parallel_size", "quant": "serve.quantization",
         "kv_cache_dtype": "serve.kv_cache_dtype", "concurrency": "workload.concurrency",
         "input_len": "workload.input_len", "output_len": "workload.output_len", "repeats": "workload.repeats",
+        "min_level_s": "workload.min_level_s",
         "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
         "cluster_backend": "cluster.backend", "ray_address": "cluster.address", "swap_nodes": "cluster.swap_nodes",

@@ -277,8 +277,9 @@ def _timing(manifest: Manifest) -> list[tuple[str, str]]:
     for key, label in (("wall_s", "Wall time"), ("server_start_s", "Server start (both arms)"),
                        ("benchmark_s", "Benchmark (measured load, incl. warmups)"),
                        ("client_import_s", "Benchmark client import (once)"),
+                       ("pilot_s", "Pilot levels (sizing levels to workload.min_level_s)"),
                        ("harness_overhead_s", "Harness overhead")):
-        if key not in timing and key == "client_import_s":
+        if (key == "client_import_s" and key not in timing) or (key == "pilot_s" and not timing.get(key)):
             continue
         value = records.finite_float(timing.get(key))
         text = "—" if value is None else f"{value:,.1f} s"
@@ -291,6 +292,20 @@ def _timing(manifest: Manifest) -> list[tuple[str, str]]:
         share = overhead / wall
     rows.append(("Harness share", "—" if share is None else f"{share * 100:.1f} %"))
     return rows
+
+
+def _prompt_counts(manifest: Manifest, levels) -> str:
+    """Prompts per measured level: the pilot's line (``workload.min_level_s``), else completed + failed requests per
+    concurrency as ``levels.csv`` has them (empty without rows)."""
+    if manifest.pilot is not None:
+        return manifest.pilot.describe()
+    counts: dict[int, int] = {}
+    for concurrency, completed, failed in zip(levels["concurrency"], levels["completed"], levels["failed"]):
+        values = [records.finite_float(v) for v in (concurrency, completed, failed)]
+        if None not in values:
+            key = int(values[0])
+            counts[key] = max(counts.get(key, 0), int(values[1] + values[2]))
+    return ", ".join(f"c={c}: {n}" for c, n in sorted(counts.items())) + " (the scenario's counts)" if counts else ""
 
 
 def _schedule(manifest: Manifest) -> str:
@@ -388,6 +403,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "notes": [show(note) for note in manifest.notes],
         "timing": _timing(manifest),
         "schedule": _schedule(manifest),
+        "prompt_counts": show(_prompt_counts(manifest, levels)),
         "arms": arms,
         "levels": level_views,
         "differences": differences,

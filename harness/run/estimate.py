@@ -7,7 +7,9 @@ The model, per part (each with the low and the high end of a stated throughput p
 - load levels: per arm and level, ``(num_prompts(c) + warmups) / min(c, saturation)`` waves, each one request's
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
-  not throughput);
+  not throughput); with the duration floor ``workload.min_level_s`` a level takes at least that long (its count is
+  set by a pilot at run time, harness.run.pilot), and the pilot adds one level per concurrency on one arm at the
+  scenario's counts;
 - output parity: per session, ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
   (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
@@ -26,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from harness.run.plan import Plan
+from harness.rundir.schema import LevelKey
 
 GSM8K_TEST_QUESTIONS = 1319                     # GSM8K test split (Cobbe et al. 2021), lm-eval task "gsm8k"
 GSM8K_PROMPT_TOKENS = 900                       # 5-shot chain-of-thought prompt + question, ≈ 150 tokens per example
@@ -100,14 +103,25 @@ def sessions(plan: Plan) -> int:
     return len(plan.arms) * per_arm
 
 
-def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
+def _level_s(plan: Plan, key: LevelKey, prior: Prior, end: int) -> float:
+    """One level at the scenario's count, warmups included (s)."""
     work = plan.scenario.workload
-    total = 0.0
-    for key in plan.levels():
-        input_len, output_len = plan.level_lengths(key)
-        waves = (work.num_prompts(key.concurrency) + work.warmups) / min(key.concurrency, prior.saturation)
-        total += math.ceil(waves) * _request_s(input_len, output_len, prior, end)
-    return total * len(plan.arms)
+    input_len, output_len = plan.level_lengths(key)
+    waves = (work.num_prompts(key.concurrency) + work.warmups) / min(key.concurrency, prior.saturation)
+    return math.ceil(waves) * _request_s(input_len, output_len, prior, end)
+
+
+def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
+    floor = plan.scenario.workload.min_level_s
+    return len(plan.arms) * sum(max(_level_s(plan, key, prior, end), floor) for key in plan.levels())
+
+
+def _pilot_s(plan: Plan, prior: Prior, end: int) -> float:
+    """The pilot (harness.run.pilot): one level per concurrency on one arm at the scenario's counts; 0 without a
+    floor."""
+    if not plan.scenario.workload.min_level_s:
+        return 0.0
+    return sum(_level_s(plan, key, prior, end) for key in plan.levels() if key.round == 0)
 
 
 def _gsm8k_s(plan: Plan, prior: Prior, end: int) -> float:
@@ -131,6 +145,7 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
     def parts_at(end: int) -> dict[str, float]:
         return {"server starts": count * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
+                "pilot": _pilot_s(plan, prior, end),
                 "parity": count * math.ceil(plan.scenario.parity.n / prior.saturation)
                 * _request_s(0, plan.scenario.parity.max_tokens, prior, end),
                 "GSM8K": _gsm8k_s(plan, prior, end)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -97,6 +97,16 @@ class Plan:
     arms: tuple[ArmPlan, ...]
     notes: tuple[str, ...] = field(default=())
     scenario_file: str = ""   # the TOML the scenario came from (manifest ``scenario_file``)
+    prompt_counts: tuple[tuple[int, int], ...] = ()   # (concurrency, prompts) a pilot set (harness.run.pilot)
+
+    def num_prompts(self, concurrency: int) -> int:
+        """Requests per measured level at ``concurrency`` (warmups excluded): the pilot's count where one set it
+        (:meth:`with_prompt_counts`), else ``workload.num_prompts``."""
+        return dict(self.prompt_counts).get(concurrency, self.scenario.workload.num_prompts(concurrency))
+
+    def with_prompt_counts(self, counts: dict[int, int]) -> "Plan":
+        """This plan with every level at concurrency ``c`` sending ``counts[c]`` prompts (both arms, every round)."""
+        return replace(self, prompt_counts=tuple(sorted(counts.items())))
 
     def rounds(self) -> int:
         """Rounds per arm: ``workload.repeats × workload.rounds_per_session``."""
@@ -125,8 +135,21 @@ class Plan:
         input_len, output_len = self.level_lengths(key)
         return self._bench(arm, base_url, result_dir, served_model_name, {
             "input_len": input_len, "output_len": output_len, "seed": work.seed + repeat,
-            "num_prompts": work.num_prompts(concurrency), "concurrency": concurrency,
+            "num_prompts": self.num_prompts(concurrency), "concurrency": concurrency,
             "result_filename": key.raw_name(arm.name)})
+
+    def pilot_argv(self, arm: ArmPlan, concurrency: int, base_url: str, result_dir: Path,
+                   served_model_name: str | None = None) -> list[str]:
+        """The ``vllm bench serve`` argv of the pilot level at ``concurrency`` (harness.run.pilot): the scenario's
+        count ``workload.num_prompts``, the seed one past the last round's (its prompts are none of a measured
+        level's, so a prefix cache it fills serves no measured request) and the result file
+        :func:`pilot_raw_name`."""
+        work = self.scenario.workload
+        input_len, output_len = self.level_lengths(LevelKey(concurrency, 0))
+        return self._bench(arm, base_url, result_dir, served_model_name, {
+            "input_len": input_len, "output_len": output_len, "seed": work.seed + self.rounds(),
+            "num_prompts": work.num_prompts(concurrency), "concurrency": concurrency,
+            "result_filename": pilot_raw_name(arm.name, concurrency)})
 
     def bench_template(self, arm: ArmPlan) -> list[str]:
         """:meth:`bench_argv` with the per-level values as formulas in ``<…>`` (``c``: concurrency, ``r``: round)."""
@@ -134,7 +157,9 @@ class Plan:
         input_len, output_len = self.level_lengths(LevelKey(work.concurrency[0], 0))
         return self._bench(arm, "http://127.0.0.1:<port>", Path("<run-dir>/raw"), None, {
             "input_len": input_len, "output_len": output_len, "seed": f"<{work.seed}+r>",
-            "num_prompts": f"<max({work.min_prompts},{work.prompts_per_concurrency}c)>", "concurrency": "<c>",
+            "num_prompts": (f"<max({work.min_prompts},{work.prompts_per_concurrency}c)>" if not work.min_level_s else
+                            f"<pilot: ≥ {work.min_level_s:g} s, ≥ max({work.min_prompts},"
+                            f"{work.prompts_per_concurrency}c)>"), "concurrency": "<c>",
             "result_filename": f"{arm.name}-c<c>-r<r>.json"})
 
     def _bench(self, arm: ArmPlan, base_url: str, result_dir: Path, served_model_name: str | None,
@@ -151,6 +176,11 @@ class Plan:
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
             "--result-filename", level["result_filename"], "--disable-tqdm",
         ]
+
+
+def pilot_raw_name(arm: str, concurrency: int) -> str:
+    """The ``raw/`` file name of the pilot level of ``arm`` at ``concurrency`` (never a measured level's name)."""
+    return f"pilot-{arm}-c{concurrency}.json"
 
 
 def vllm_executable() -> str:

@@ -52,10 +52,20 @@ def _grid_lines(plan: Plan) -> list[str]:
         f"levels: concurrency {','.join(map(str, work.concurrency))} × rounds 0..{plan.rounds() - 1} = "
         f"{len(levels)} per arm ({order}; levels {work.level_order} per round)",
         "tokens in/out: " + ", ".join(f"{i}/{o}" for i, o in lengths),
-        "prompts per level: " + ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency)
-        + f" (+{work.warmups} warmups)",
+        _prompts_line(plan),
         _placement_line(plan),
     ]
+
+
+def _prompts_line(plan: Plan) -> str:
+    """Prompts per level; with ``workload.min_level_s`` these are the pilot's counts and the floor sets the rest."""
+    work = plan.scenario.workload
+    counts = ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency) + f" (+{work.warmups} warmups)"
+    if not work.min_level_s:
+        return f"prompts per level: {counts}"
+    return (f"prompts per level: ≥ {work.min_level_s:g} s per level, counts set by a pilot (one level per concurrency "
+            f"at {counts} on the first server started; never fewer, a multiple of c, the same for both arms and "
+            f"every round)")
 
 
 def _placement_line(plan: Plan) -> str:
@@ -97,7 +107,8 @@ def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
         input_len, output_len = plan.level_lengths(key)
         levels.append({
             "key": str(key), "concurrency": key.concurrency, "round": key.round, "input_len": input_len,
-            "output_len": output_len, "num_prompts": plan.scenario.workload.num_prompts(key.concurrency),
+            "output_len": output_len, "num_prompts": plan.num_prompts(key.concurrency),
+            "num_prompts_set_by_pilot": bool(plan.scenario.workload.min_level_s),
             "bench_argv": {arm.name: plan.bench_argv(arm, key.concurrency, key.round, "http://127.0.0.1:<port>",
                                                      Path("<run-dir>/raw")) for arm in plan.arms}})
     document = {

@@ -21,7 +21,7 @@ import requests
 
 from dsa_route.inject import ENV_INJECT, parse_injection
 from harness.run import (accuracy, attest, builds, cluster as cluster_info, gpu_idle, host_load, machine as machine_mod,
-                         parity, procs, server_metrics, spec_decode, stopping)
+                         parity, pilot, procs, server_metrics, spec_decode, stopping)
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
@@ -66,7 +66,7 @@ class Runner:
         self.node_versions: dict[str, dict[str, str | None]] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
-                       "client_import_s": 0.0}
+                       "client_import_s": 0.0, "pilot_s": 0.0}
         self.gsm8k_failures: dict[str, str] = {}
         self.manifest = self._initial_manifest() if resume_manifest is None else self._resumed(resume_manifest)
         self.arms = {entry["name"]: entry for entry in self.manifest["arms"]}   # the same dicts, by name
@@ -271,6 +271,27 @@ class Runner:
             return None
         return self.servers[arm.name]
 
+    def _size_levels(self, arms: dict[str, ArmPlan], order: list[tuple[str, int, int]], client: LoadClient) -> None:
+        """With ``workload.min_level_s``: every level's prompt count, both arms alike, from a pilot (harness.run.pilot)
+        on the first server the schedule starts — or from the manifest's record on ``--resume`` — before any
+        measured level. A server that fails to start here is recorded by the level loop, as without a pilot."""
+        if not self.plan.scenario.workload.min_level_s:
+            return
+        if self.manifest.get("pilot") is None:
+            first = next(((name, server) for name, c, r in order if name not in self.dead_arms
+                          and self._level(name, c, r)["status"] != "done"
+                          for server in [self._server_for(arms[name], self.plan.block_of(r))] if server), None)
+            if first is None:
+                return
+            name, server = first
+            self.console.print(f"[bold]{name}[/]: pilot levels (≥ {self.plan.scenario.workload.min_level_s:g} s)")
+            self.manifest["pilot"] = pilot.run_pilot(self.plan, arms[name], server, server.load_client or client,
+                                                     self.run_dir, self._session(name))
+            self.timing["pilot_s"] += self.manifest["pilot"]["wall_s"]
+        self.plan = pilot.apply(self.manifest, self.plan, self.run_dir)
+        self._save()
+        self.console.print(f"prompts per level: {schema.PilotRecord.model_validate(self.manifest['pilot']).describe()}")
+
     # ----------------------------------------------------------------------------------------------- stopping
     def _stopped(self, reason: str) -> None:
         """Record an early stop: the levels not run become ``stopped: …`` (not planned any more), the manifest says
@@ -339,7 +360,7 @@ class Runner:
         raw_dir = self.run_dir / schema.RAW_DIR
         raw_dir.mkdir(exist_ok=True)
         argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir, server.served_model_name)
-        total = self.plan.scenario.workload.num_prompts(concurrency) + self.plan.scenario.workload.warmups
+        total = self.plan.num_prompts(concurrency) + self.plan.scenario.workload.warmups
         before = _successes(server)
         progress.update(task, description=f"{arm.name} c={concurrency} r={repeat}", total=total, completed=0)
 
@@ -387,6 +408,7 @@ class Runner:
         budget = stopping.BlockBudget(self.options.budget_s, started, self.plan.scenario.serve.concurrent_servers)
         try:
             self._connect_cluster(client_env)
+            self._size_levels(arms, order, client)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = progress.add_task("starting", total=None)
@@ -448,7 +470,7 @@ class Runner:
                 self.cluster.close()
             self.timing["client_import_s"] = client.import_s
             wall = time.monotonic() - started
-            measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s"))
+            measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s", "pilot_s"))
             self.manifest["timing"] = {
                 "wall_s": round(wall, 2), **{k: round(v, 2) for k, v in self.timing.items()},
                 "harness_overhead_s": round(wall - measured, 2),

@@ -198,6 +198,12 @@ class ClusterSpec(_Frozen):
         return {arm: self.arms.get(arm, ArmPlacementSpec()).slot(self.backend) for arm in ("baseline", "candidate")}
 
 
+LEVEL_TIMEOUT_HEADROOM = 2.0
+"""A level sized by the duration floor is planned to take at most ``level_timeout_s / LEVEL_TIMEOUT_HEADROOM``, so it
+survives running twice as slow as in its pilot (this VM's A/A rounds of one level differed by up to 1.5×: 439 vs
+300 tok/s) before the timeout ends it."""
+
+
 class WorkloadSpec(_Frozen):
     """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
 
@@ -208,6 +214,9 @@ class WorkloadSpec(_Frozen):
     Brecht 2017, "Conducting repeatable experiments in highly variable cloud computing environments", ICPE).
     ``block_order``: which arm each sequential session block starts with — "random" (a seeded coin per block,
     :func:`harness.judge.planning.baseline_first`: valid whatever the host's load did) or "abba" (alternating).
+    ``min_level_s`` (seconds, 0 = off): a floor on each level's measured duration — a pilot before the first
+    measured level sets the prompt count per concurrency, the same for both arms and every round
+    (:mod:`harness.run.pilot`); a longer window averages out per-request noise.
     """
 
     concurrency: tuple[int, ...]
@@ -222,6 +231,24 @@ class WorkloadSpec(_Frozen):
     level_order: Literal["sorted", "shuffled"] = "sorted"
     block_order: Literal["random", "abba"] = "random"
     level_timeout_s: float = Field(default=1800.0, gt=0)
+    min_level_s: float = 0.0
+
+    @field_validator("min_level_s")
+    @classmethod
+    def _floor_not_negative(cls, value: float) -> float:
+        if not value >= 0:
+            raise ValueError(f"must be ≥ 0 seconds (0 = off, e.g. 10 for at least 10 s of measured load per level), "
+                             f"got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _floor_fits_timeout(self) -> "WorkloadSpec":
+        if self.min_level_s * LEVEL_TIMEOUT_HEADROOM > self.level_timeout_s:
+            raise ValueError(f"min_level_s = {self.min_level_s:g} s leaves less than {LEVEL_TIMEOUT_HEADROOM:g}× "
+                             f"headroom under level_timeout_s = {self.level_timeout_s:g} s; raise "
+                             f"workload.level_timeout_s to ≥ {self.min_level_s * LEVEL_TIMEOUT_HEADROOM:g} or lower "
+                             f"min_level_s")
+        return self
 
     @field_validator("concurrency")
     @classmethod

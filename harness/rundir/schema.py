@@ -13,7 +13,8 @@ Pure: pydantic models and constants, no file access (that is :mod:`harness.rundi
 - ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result, plus the
   key ``dsa_bench_server_metrics``: the server's full Prometheus ``/metrics`` text right before and right after the
   measured requests (``{"before": {"unix_s", "text"}, "after": {...}}``; :mod:`harness.run.server_metrics`; absent
-  in older run directories and imported results).
+  in older run directories and imported results); ``raw/pilot-<arm>-c<concurrency>.json`` a pilot level's
+  (``workload.min_level_s``; manifest ``pilot``), not a measurement.
 - ``logs/`` — server, benchmark-client and lm-eval logs.
 - ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
 
@@ -38,6 +39,7 @@ from pydantic import Field
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
+from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
 from harness.rundir.record import Record as _Record
 
 SCHEMA_VERSION = 2
@@ -299,6 +301,7 @@ class Manifest(_Record):
     stopped: StopRecord | None = None           # a sequential look or the budget ended the run early
     aa_check: AaCheckRecord | None = None       # the A/A run across the placements before this A/B
     cluster: ClusterRecord | None = None        # where the arms ran (None: written before placements were recorded)
+    pilot: PilotRecord | None = None            # the levels that set the prompt counts (None: no workload.min_level_s)
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""
@@ -436,7 +439,8 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
     "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest",
-    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "Placement", "Platform", "RAW_DIR", "READABLE_VERSIONS",
+    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement", "Platform",
+    "RAW_DIR", "READABLE_VERSIONS",
     "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"

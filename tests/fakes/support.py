@@ -165,7 +165,7 @@ class StubServer:
     """A started server as far as the runner's session bookkeeping looks at one (``alive``/``stop``, an address),
     for runner tests that replace server start and the benchmark client."""
 
-    base_url, served_model_name, headers = "http://127.0.0.1:1", "stub", {}
+    base_url, served_model_name, headers, load_client = "http://127.0.0.1:1", "stub", {}, None
 
     def __init__(self):
         self.stopped = False
