@@ -22,19 +22,12 @@ from harness.judge.design_costs import run_noise
 from harness.rundir.schema import Manifest
 from harness.rundir.store import RunDir
 
-__all__ = ["DESIGN_RECORD", "ANALYSES", "analyze_run", "machine_record", "machine_key"]
+__all__ = ["DESIGN_RECORD", "ANALYSES", "analyze_run", "machine_key"]
 
 DESIGN_RECORD = "design.json"
 ANALYSES = (("client TPOT", "mean_tpot_ms"), ("server TPOT", "server_mean_tpot_ms"))
 """Other metrics read from the same runs: (label, levels.csv column); the server-side column comes from vLLM's
 ``/metrics`` histograms where the run recorded them."""
-
-
-def machine_record(manifest: Manifest) -> dict[str, Any]:
-    """The manifest's machine fields a study is matched on (platform name, device, CPUs, GPUs)."""
-    platform = manifest.platform
-    return {"name": platform.name, "device": platform.device, "cpu_count": platform.cpu_count,
-            "gpu_count": platform.gpu_count}
 
 
 def machine_key(machine: dict[str, Any]) -> str:
@@ -113,7 +106,7 @@ def analyze_run(run_dir: Path, robust_estimator: str | None = None) -> dict[str,
     return {
         "design": record.get("design") or manifest.scenario_name or store.path.name,
         "description": record.get("description", ""), "overrides": record.get("overrides", {}),
-        "run_dir": str(store.path), "machine": machine_record(manifest), "started_at": manifest.started_at,
+        "run_dir": str(store.path), "machine": manifest.platform.identity(), "started_at": manifest.started_at,
         "blocks": spread["pooled"]["pairs"], "rounds_per_session": per_session, "spread": spread,
         "sessions": sessions, "wall_per_round_s": None if wall is None else wall / per_session,
         "overall": overall, "reason": reason, "load": _load(levels, manifest),
