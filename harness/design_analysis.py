@@ -105,7 +105,8 @@ def analyze_run(run_dir: Path, robust_estimator: str | None = None) -> dict[str,
     wall = spread["wall_per_block_s"]
     return {
         "design": record.get("design") or manifest.scenario_name or store.path.name,
-        "description": record.get("description", ""), "overrides": record.get("overrides", {}),
+        "description": record.get("description", ""), "base": record.get("base"),
+        "overrides": record.get("overrides", {}),
         "run_dir": str(store.path), "machine": manifest.platform.identity(), "started_at": manifest.started_at,
         "blocks": spread["pooled"]["pairs"], "rounds_per_session": per_session, "spread": spread,
         "sessions": sessions, "wall_per_round_s": None if wall is None else wall / per_session,

@@ -40,6 +40,7 @@ class Design:
     overrides: dict[str, Any] = field(default_factory=dict)
     preload: tuple[str, ...] = ()
     skipped: str | None = None
+    base: str | None = None     # the design whose overrides this one builds on (a control's before)
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,19 @@ def find_library(names: tuple[str, ...] | list[str]) -> str | None:
     return None
 
 
+def _base(designs: DesignFile, name: str, control_base: str | None) -> str | None:
+    table = designs.tables[name]
+    base = table.get("base") or (control_base if table.get("control") else None)
+    return base if base != name else None
+
+
 def _merged(designs: DesignFile, name: str, control_base: str | None, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if name in seen:
         raise DesignFileError(f"{designs.path}: designs {' → '.join(seen + (name,))} form a cycle of bases; "
                               "break it")
-    table = designs.tables[name]
-    base = table.get("base") or (control_base if table.get("control") else None)
-    inherited = _merged(designs, base, control_base, seen + (name,)) if base and base != name else {}
-    return {**inherited, **table.get("overrides", {})}
+    base = _base(designs, name, control_base)
+    inherited = _merged(designs, base, control_base, seen + (name,)) if base else {}
+    return {**inherited, **designs.tables[name].get("overrides", {})}
 
 
 def resolve(designs: DesignFile, names: list[str], control_base: str | None = None) -> list[Design]:
@@ -147,5 +153,6 @@ def resolve(designs: DesignFile, names: list[str], control_base: str | None = No
             load_scenario(designs.scenario, overrides)
         except ScenarioError as error:
             raise DesignFileError(f"design {name!r}: {error}") from None
-        out.append(Design(name, str(table.get("description", "")), overrides, preload, skipped))
+        out.append(Design(name, str(table.get("description", "")), overrides, preload, skipped,
+                          _base(designs, name, base)))
     return out

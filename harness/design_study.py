@@ -25,11 +25,11 @@ from typing import Any, Sequence
 from harness.design_analysis import DESIGN_RECORD, analyze_run, machine_key
 from harness.design_file import DEFAULT_FILE, Design, DesignFileError, read_designs, resolve
 from harness.design_table import cheapest, markdown
+from harness.render.designs import STUDY_KIND
 from harness.run.scenario import REPO_ROOT
 
-__all__ = ["main", "run_designs", "write_study", "STUDY_KIND"]
+__all__ = ["main", "run_designs", "write_study"]
 
-STUDY_KIND = "dsa-bench.design-study"
 THP_FILES = ("enabled", "defrag")
 
 
@@ -75,7 +75,8 @@ def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) ->
             print(f"design {design.name}: not run ({type(error).__name__}: {error})", file=sys.stderr)
             continue
         after = host_state()
-        record = {"design": design.name, "description": design.description, "overrides": design.overrides,
+        record = {"design": design.name, "description": design.description, "base": design.base,
+                  "overrides": design.overrides,
                   "scenario": scenario, "blocks": blocks, "exit_code": code, "started_at": started,
                   "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"], "thp": before["thp"]}

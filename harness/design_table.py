@@ -5,11 +5,13 @@ had data (client TPOT, server TPOT, robust). Columns: blocks × rounds per sessi
 95 % χ² interval; the sd per level; within / between session sd (root mean square over levels); wall seconds per
 block (per round); cost = sd² × wall per block (s) and the minutes it means to a 1 % standard error; blocks (and
 minutes) for a ±3 % decision at the sd [at its 95 % upper bound]; the A/A verdict; the host's 1-minute load average
-over the levels (median, range).
+over the levels (median, range). A control's within / between cell also gives its base design's (before the
+control); a line under the table gives the transparent-huge-page settings the runs recorded.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -37,11 +39,17 @@ def _rms(values: list[float]) -> float | None:
     return math.sqrt(sum(v * v for v in finite) / len(finite)) if finite else None
 
 
-def _sessions(row: dict[str, Any]) -> str:
-    sessions = row.get("sessions")
+def _within_between(row: dict[str, Any] | None) -> str | None:
+    sessions = (row or {}).get("sessions")
     if not isinstance(sessions, list):
-        return "—"
+        return None
     return f"{_n(_rms([s['within'] for s in sessions]))} / {_n(_rms([s['between'] for s in sessions]))}"
+
+
+def _sessions(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
+    """Within / between sd, and for a control its base design's (the spread before the control)."""
+    own, before = _within_between(row), _within_between(by_name.get(row.get("base") or ""))
+    return f"{own or '—'}" + (f" (base `{row['base']}`: {before})" if before else "")
 
 
 def _cost_cells(spread: dict[str, Any]) -> list[str]:
@@ -62,11 +70,11 @@ def _load(row: dict[str, Any]) -> str:
     return f"{_n(load['levels_median'], 1)} ({_n(load['levels_min'], 1)}–{_n(load['levels_max'], 1)})"
 
 
-def _design_line(row: dict[str, Any]) -> str:
+def _design_line(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str:
     spread = row["spread"]
     sd, levels, cost, blocks = _cost_cells(spread)
     wall = f"{_n(spread.get('wall_per_block_s'), 0)} s ({_n(row.get('wall_per_round_s'), 0)} s)"
-    cells = [f"`{row['design']}`", f"{row['blocks']} × {row['rounds_per_session']}", sd, levels, _sessions(row),
+    cells = [f"`{row['design']}`", f"{row['blocks']} × {row['rounds_per_session']}", sd, levels, _sessions(row, by_name),
              wall, cost, blocks, str(row.get("overall") or "—"), _load(row)]
     return "| " + " | ".join(cells) + " |"
 
@@ -87,7 +95,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         cost = (row.get("spread") or {}).get("cost_s")
         return cost if isinstance(cost, (int, float)) else math.inf
 
+    by_name = {row["design"]: row for row in rows}
     lines = [HEADER]
     for row in sorted(rows, key=order):
-        lines += [_design_line(row), *_analysis_lines(row)]
-    return "\n".join(lines)
+        lines += [_design_line(row, by_name), *_analysis_lines(row)]
+    thp = sorted({json.dumps(row.get("thp"), sort_keys=True) for row in rows})
+    return "\n".join(lines) + f"\n\nTransparent huge pages during the runs: {'; '.join(thp)}"

@@ -14,7 +14,7 @@ import pytest
 from harness import cli, design_study
 from harness.design_analysis import analyze_run
 from harness.design_file import find_library, read_designs, resolve
-from harness.design_table import HEADER, markdown
+from harness.design_table import HEADER
 from harness.judge.design_costs import block_wall_s, decision_cost, pooled_spread, run_noise, sd_interval
 from harness.judge.planning import sessions_for_power
 from harness.rundir.schema import Manifest
@@ -193,23 +193,28 @@ def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monke
 
     def fake_compare(args):
         run_dir = tmp_path / "out" / "runs" / f"run{len(seen)}"
-        shutil.copytree(COMPARE_RUN, run_dir)
+        shutil.copytree(RECORDING, run_dir)
         seen.append(args)
         return 0, run_dir
 
     monkeypatch.setattr(cli, "run_compare", fake_compare)
-    code = design_study.main(["run", "--designs", "sequential-1r,warmups-8", "--blocks", "3",
+    code = design_study.main(["run", "--designs", "sequential-1r,sequential-4r,warmups-8", "--blocks", "3",
                               "--out", str(tmp_path / "out")])
-    assert code == 0 and len(seen) == 2
+    out = capsys.readouterr().out
+    assert code == 0 and len(seen) == 3
     for args in seen:
         assert (args.repeats, args.no_gsm8k, args.gate, args.scenario) == (3, True, True, "cpu-tiny-dsa")
         assert args.arm_overrides["allow_identical_arms"] is True
         assert args.arm_overrides["arms.candidate.route"] == "baseline"
         assert args.out == str(tmp_path / "out" / "runs")
     assert seen[0].arm_overrides["serve.concurrent_servers"] is False
-    assert seen[1].arm_overrides["workload.warmups"] == 8 and seen[1].arm_overrides["workload.rounds_per_session"] == 4
-    record = json.loads((tmp_path / "out" / "runs" / "run1" / "design.json").read_text())
-    assert record["design"] == "warmups-8" and "enabled" in record["thp"] and record["blocks"] == 3
+    assert "workload.rounds_per_session" not in seen[0].arm_overrides
+    assert seen[2].arm_overrides["workload.warmups"] == 8 and seen[2].arm_overrides["workload.rounds_per_session"] == 4
+    record = json.loads((tmp_path / "out" / "runs" / "run2" / "design.json").read_text())
+    assert (record["design"], record["base"], record["blocks"]) == ("warmups-8", "sequential-4r", 3)
+    assert "enabled" in record["thp"] and record["loadavg_before"]
     (study,) = (tmp_path / "out").glob("*.json")
-    assert {row["design"] for row in json.loads(study.read_text())["designs"]} == {"sequential-1r", "warmups-8"}
-    assert markdown(json.loads(study.read_text())["designs"]).startswith(HEADER)
+    rows = json.loads(study.read_text())["designs"]
+    assert [row["design"] for row in rows] == ["sequential-1r", "sequential-4r", "warmups-8"]
+    (control,) = [line for line in out.splitlines() if line.startswith("| `warmups-8`")]
+    assert "(base `sequential-4r`: " in control and "Transparent huge pages during the runs" in out
