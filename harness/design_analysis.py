@@ -64,30 +64,30 @@ def _sessions(store: RunDir, manifest: Manifest, levels) -> list[dict[str, Any]]
              "between": n.between} for n in noise(pool)]
 
 
-def _robust(manifest: Manifest, levels, estimator: str | None) -> dict[str, Any]:
-    if not estimator:
-        return {"note": "no robust estimator asked for"}
+def _robust(manifest: Manifest, levels, estimator: str) -> dict[str, Any]:
     if "estimator" not in inspect.signature(calibration.paired_spread).parameters:
         return {"note": "harness.judge.calibration.paired_spread has no estimator option in this build"}
     try:
         return run_noise(manifest, levels, estimator=estimator)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, KeyError) as error:
         return {"note": f"robust estimator {estimator!r}: {error}"}
 
 
-def _analyses(manifest: Manifest, levels, estimator: str | None) -> dict[str, Any]:
+def _analyses(manifest: Manifest, levels, estimators: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, column in ANALYSES:
         has = column in levels.columns and levels[column].notna().any()
         out[label] = run_noise(manifest, levels, column) if has else {"note": f"levels.csv has no {column} values"}
-    out["robust"] = _robust(manifest, levels, estimator)
+    for estimator in estimators:
+        out[f"robust: {estimator}"] = _robust(manifest, levels, estimator)
     return out
 
 
-def analyze_run(run_dir: Path, robust_estimator: str | None = None) -> dict[str, Any]:
+def analyze_run(run_dir: Path, robust_estimators: tuple[str, ...] = ()) -> dict[str, Any]:
     """The study row of ``run_dir`` (keys: design, description, overrides, run_dir, machine, blocks,
     rounds_per_session, spread (:func:`harness.judge.design_costs.run_noise` of output throughput), sessions
-    (within/between per level, or a note), wall_per_round_s, overall, reason, load, thp, analyses, notes)."""
+    (within/between per level, or a note), wall_per_round_s, overall, reason, load, thp, analyses, notes);
+    ``robust_estimators``: the ``paired_spread`` estimators read as further analyses (``"robust: <name>"``)."""
     store = RunDir(Path(run_dir))
     manifest, levels = store.manifest(), store.levels(numeric=True)
     record_path = store.file(DESIGN_RECORD)
@@ -112,6 +112,6 @@ def analyze_run(run_dir: Path, robust_estimator: str | None = None) -> dict[str,
         "sessions": sessions, "wall_per_round_s": None if wall is None else wall / per_session,
         "overall": overall, "reason": reason, "load": {**_load(levels, manifest), "before_run": record.get("loadavg_before"),
                                                       "after_run": record.get("loadavg_after")},
-        "thp": record.get("thp", "not recorded"), "analyses": _analyses(manifest, levels, robust_estimator),
+        "thp": record.get("thp", "not recorded"), "analyses": _analyses(manifest, levels, robust_estimators),
         "notes": notes + list(record.get("notes", [])),
     }

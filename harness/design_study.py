@@ -107,11 +107,11 @@ def write_study(rows: list[dict[str, Any]], out: Path) -> Path:
     return path
 
 
-def _analyze(run_dirs: list[Path], out: Path, estimator: str | None) -> int:
+def _analyze(run_dirs: list[Path], out: Path, estimators: str) -> int:
     missing = [str(d) for d in run_dirs if not (Path(d) / "manifest.json").is_file()]
     if missing:
         raise DesignFileError(f"{missing[0]} is not a run directory (no manifest.json); pass run directories")
-    rows = [analyze_run(d, estimator) for d in run_dirs]
+    rows = [analyze_run(d, tuple(name.strip() for name in estimators.split(",") if name.strip())) for d in run_dirs]
     path = write_study(rows, out)
     document = json.loads(path.read_text(encoding="utf-8"))
     print(markdown(document["designs"]))
@@ -136,8 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     for command in (run, analyze):
         command.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "design-study",
                              help="where <machine>.json goes (run directories under OUT/runs)")
-        command.add_argument("--robust-estimator", default="hodges-lehmann",
-                             help="paired_spread's estimator for the robust analysis (skipped where unsupported)")
+        command.add_argument("--robust-estimators", default="exclude-stalls,median", metavar="NAMES",
+                             help="paired_spread estimators read as robust analyses (the [gate] estimator values; "
+                                  "skipped where this build has none; default exclude-stalls,median)")
     return parser
 
 
@@ -146,13 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "analyze":
-            return _analyze(args.run_dirs, args.out, args.robust_estimator)
+            return _analyze(args.run_dirs, args.out, args.robust_estimators)
         if args.blocks < 2:
             raise DesignFileError(f"--blocks {args.blocks}: a paired spread needs at least 2 blocks")
         designs_file = read_designs(args.design_file)
         designs = resolve(designs_file, [n.strip() for n in args.designs.split(",") if n.strip()], args.control_base)
         made = run_designs(designs, designs_file.scenario, args.blocks, args.out)
-        return _analyze(made, args.out, args.robust_estimator) if made else 1
+        return _analyze(made, args.out, args.robust_estimators) if made else 1
     except DesignFileError as error:
         print(f"design-study: error: {error}", file=sys.stderr)
         return 2

@@ -99,13 +99,18 @@ def level_spreads(levels: pd.DataFrame, column: str = "output_throughput", **opt
 
 
 def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", **options: Any) -> SpreadEstimate:
-    """:class:`SpreadEstimate` of ``column`` pooled over levels: on complete blocks (:func:`complete_blocks`) a
-    session's mean log over all its rows is the mean over levels of its per-level means, so the per-block ``d`` is
-    the gate's pooled log ratio."""
+    """:class:`SpreadEstimate` of ``column`` pooled over levels: every level's figures divided by their geometric
+    mean (a constant per level, which cancels in ``d``), then all levels read as one. On complete blocks
+    (:func:`complete_blocks`) a session's mean log over all its rows is then the mean over levels of its per-level
+    means, so with the default estimator the per-block ``d`` is the gate's pooled log ratio exactly. A robust
+    ``estimator`` (``options``) takes its location, and flags stalled rounds, over the session's rounds of all
+    levels at once — a pooled reading of the rule, not the per-level one."""
     rows = complete_blocks(levels, column)
     if rows.empty:
         return _estimate(None, 0, math.nan)
-    (row,) = paired_spread(rows.assign(concurrency=0), column, **options)
+    logs = np.log(rows[column].astype(float))
+    centred = np.exp(logs - logs.groupby(rows["concurrency"]).transform("mean"))
+    (row,) = paired_spread(rows.assign(**{column: centred, "concurrency": 0}), column, **options)
     return _estimate(None, row.pairs, row.sd)
 
 
