@@ -110,8 +110,9 @@ def analyze_run(run_dir: Path, robust_estimators: tuple[str, ...] = ()) -> dict[
         "run_dir": str(store.path), "machine": manifest.platform.identity(), "started_at": manifest.started_at,
         "blocks": spread["pooled"]["pairs"], "rounds_per_session": per_session, "spread": spread,
         "sessions": sessions, "wall_per_round_s": None if wall is None else wall / per_session,
-        "overall": overall, "reason": reason, "load": {**_load(levels, manifest), "before_run": record.get("loadavg_before"),
-                                                      "after_run": record.get("loadavg_after")},
+        "overall": overall, "reason": reason, "exit_code": record.get("exit_code"),
+        "load": {**_load(levels, manifest), "before_run": record.get("loadavg_before"),
+                 "after_run": record.get("loadavg_after")},
         "thp": record.get("thp", "not recorded"), "analyses": _analyses(manifest, levels, robust_estimators),
-        "notes": notes + list(record.get("notes", [])),
+        "notes": notes,
     }

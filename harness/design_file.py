@@ -146,7 +146,8 @@ def resolve(designs: DesignFile, names: list[str], control_base: str | None = No
         if preload:
             library = find_library(preload)
             if library is None:
-                skipped = f"none of {', '.join(preload)} found (ldconfig -p, {sys.prefix}/lib); installing it is host configuration"
+                skipped = (f"none of {', '.join(preload)} found (ldconfig -p, {sys.prefix}/lib); installing it is "
+                           "host configuration")
             else:
                 overrides["serve.env.LD_PRELOAD"] = library
         try:

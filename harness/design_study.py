@@ -27,6 +27,7 @@ from harness.design_file import DEFAULT_FILE, Design, DesignFileError, read_desi
 from harness.design_table import cheapest, markdown
 from harness.render.designs import STUDY_KIND
 from harness.run.scenario import REPO_ROOT
+from harness.rundir.store import atomic_write_text
 
 __all__ = ["main", "run_designs", "write_study"]
 
@@ -76,11 +77,10 @@ def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) ->
             continue
         after = host_state()
         record = {"design": design.name, "description": design.description, "base": design.base,
-                  "overrides": design.overrides,
-                  "scenario": scenario, "blocks": blocks, "exit_code": code, "started_at": started,
-                  "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "overrides": design.overrides, "scenario": scenario, "blocks": blocks, "exit_code": code,
+                  "started_at": started, "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"], "thp": before["thp"]}
-        (Path(run_dir) / DESIGN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(Path(run_dir) / DESIGN_RECORD, json.dumps(record, indent=2) + "\n")
         made.append(Path(run_dir))
     return made
 

@@ -74,7 +74,8 @@ def _design_line(row: dict[str, Any], by_name: dict[str, dict[str, Any]]) -> str
     spread = row["spread"]
     sd, levels, cost, blocks = _cost_cells(spread)
     wall = f"{_n(spread.get('wall_per_block_s'), 0)} s ({_n(row.get('wall_per_round_s'), 0)} s)"
-    cells = [f"`{row['design']}`", f"{row['blocks']} × {row['rounds_per_session']}", sd, levels, _sessions(row, by_name),
+    cells = [f"`{row['design']}`", f"{row['blocks']} × {row['rounds_per_session']}", sd, levels,
+             _sessions(row, by_name),
              wall, cost, blocks, str(row.get("overall") or "—"), _load(row)]
     return "| " + " | ".join(cells) + " |"
 

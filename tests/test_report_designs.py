@@ -35,7 +35,8 @@ def test_this_runs_spread_and_cost_are_in_the_verdict_and_the_report(run_dir, tm
         noise["pooled"]["sd"] ** 2 * noise["wall_per_block_s"])
     assert json.loads(RunDir(run_dir).file("verdict.json").read_text())["noise"] == noise
     section = _section(render_report(run_dir).read_text())
-    assert f"{noise['pooled']['sd']:.3f} [{noise['pooled']['low']:.3f}, {noise['pooled']['high']:.3f}], 3 pairs" in section
+    pooled = noise["pooled"]
+    assert f"{pooled['sd']:.3f} [{pooled['low']:.3f}, {pooled['high']:.3f}], 3 pairs" in section
     assert f"{noise['cost_s']:.4f}" in section
     assert "No design study measured on cpu, AMD EPYC, 2 CPUs" in section
 

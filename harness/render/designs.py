@@ -35,7 +35,8 @@ def measured_study(manifest: Manifest, study_dir: Path | None = None) -> tuple[P
 
 def _row(row: Mapping[str, Any], cheapest: str | None) -> dict[str, Any]:
     spread = row.get("spread") or {}
-    return {"design": row.get("design"), "description": row.get("description", ""), "cheapest": row.get("design") == cheapest,
+    return {"design": row.get("design"), "description": row.get("description", ""),
+            "cheapest": row.get("design") == cheapest,
             "blocks": row.get("blocks"), "rounds": row.get("rounds_per_session"), "pooled": spread.get("pooled") or {},
             "wall_per_block_s": spread.get("wall_per_block_s"), "cost_s": spread.get("cost_s"),
             "blocks_3pct": spread.get("blocks_3pct"), "overall": row.get("overall")}
