@@ -94,7 +94,10 @@ def write_study(rows: list[dict[str, Any]], out: Path) -> Path:
                               "runs at a time")
     machine = rows[0]["machine"]
     path = Path(out) / f"{machine_key(machine)}.json"
-    kept = json.loads(path.read_text(encoding="utf-8"))["designs"] if path.exists() else []
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))["designs"] if path.exists() else []
+    except (ValueError, KeyError, TypeError) as error:
+        raise DesignFileError(f"{path} is not a design study ({error}); move it away or fix it") from None
     names = {row["design"] for row in rows}
     merged = [row for row in kept if row["design"] not in names] + rows
     best = cheapest(merged)
