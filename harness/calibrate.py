@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa_check"]
+__all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa", "run_aa_check"]
 
 DEFAULT_SLOWDOWN = "step-delay:4"
 
@@ -47,7 +47,9 @@ def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
             "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
 
 
-def _run(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
+def run_aa(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
+    """A gated ``compare`` of ``args``' scenario with the candidate made the baseline arm (:func:`aa_overrides`,
+    ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run directory)."""
     from harness.cli import default_scenario, run_compare
     from harness.run import machine
     from harness.run.scenario import load_scenario
@@ -66,7 +68,7 @@ def run_aa_check(args: argparse.Namespace) -> dict[str, Any]:
     """``[cluster] aa_check``: before the A/B, an A/A run of the baseline arm on both arms' placements, not swapped
     (so a node or core-set effect shows instead of cancelling), in its own run directory and gated. Returns the A/B
     manifest's ``aa_check`` record."""
-    _, run_dir = _run(args, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
+    _, run_dir = run_aa(args, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
     figures = _figures(run_dir)
     return {"run_dir": figures["run_dir"], "overall": figures["overall"], "reason": figures["reason"]}
 
@@ -117,8 +119,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         parse_injection(args.slowdown)
     except ValueError as error:
         raise UsageError(f"--slowdown: {error}") from None
-    _, aa_dir = _run(args, None)
-    _, slow_dir = _run(args, args.slowdown)
+    _, aa_dir = run_aa(args, None)
+    _, slow_dir = run_aa(args, args.slowdown)
     aa, slow = _figures(aa_dir), _figures(slow_dir)
     _print(aa, slow, args.slowdown)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

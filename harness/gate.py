@@ -31,7 +31,11 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
     gsm8k: null | {arms [{arm, filter, accuracy_pct, stderr_pct, n}], paired [{filter, difference_pts,
                    baseline_only, candidate_only, p_value}]}        # the HTML report's GSM8K section shape
     validity {failures [{arm, concurrency, round, check, detail}], not_checked [str]},
-    notes [str], evaluated: bool (false: the data could not be read, no figures)
+    notes [str], evaluated: bool (false: the data could not be read, no figures),
+    noise: null | {column, levels [{concurrency, pairs, sd, low, high, upper}], pooled {same}, blocks_timed,
+                   wall_per_block_s, cost_s, minutes_to_1pct_se, blocks_3pct, blocks_3pct_upper, minutes_3pct}
+           # this run's paired spread of output throughput per session block and its cost per decision
+           # (harness.judge.design_costs.run_noise; an A/B's spread estimates the noise as well as an A/A's)
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from harness.judge.design_costs import run_noise
 from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
 from harness.render import dashboard, summary, terminal
@@ -283,7 +288,18 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "validity": {"failures": verdict.validity.failures if verdict else [],
                      "not_checked": verdict.validity.not_checked if verdict else []},
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,
+        "noise": _noise(result),
     }
+
+
+def _noise(result: GateResult) -> dict[str, Any] | None:
+    """This run's paired spread and cost per decision (None without readable data or a throughput column)."""
+    if result.manifest is None or result.levels is None or "output_throughput" not in result.levels.columns:
+        return None
+    try:
+        return run_noise(result.manifest, result.levels)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def view_of(result: GateResult) -> VerdictView:

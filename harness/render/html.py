@@ -16,6 +16,7 @@ from harness.rundir import schema
 from harness.rundir.schema import VerdictDocument
 from harness.rundir.store import RunDir, RunDirError
 from harness.render import plots
+from harness.render.designs import designs_section
 from harness.render.startup import startup_section
 from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_NAME, Summary, fmt_delta, fmt_value
 from harness.render.view import build_context
@@ -117,6 +118,8 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
     run_dir = Path(run_dir)
     if sections is None:
         sections = stored_sections(run_dir)
-    context = {**build_context(run_dir, sections), "startup": startup_section(RunDir(run_dir).manifest())}
+    manifest = RunDir(run_dir).manifest()
+    context = {**build_context(run_dir, sections), "startup": startup_section(manifest),
+               "designs": designs_section(manifest, sections.get("verdict"))}
     html = render_html(context)
     return RunDir(run_dir).write_text(schema.REPORT, html)

@@ -264,6 +264,11 @@ class Platform(_Record):
     load_avg_at_start: str | None = None
     load_avg_at_end: str | None = None
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs' machines the same class (name, device, CPUs, GPUs): the key a design study of this
+        machine is matched on."""
+        return {"name": self.name, "device": self.device, "cpu_count": self.cpu_count, "gpu_count": self.gpu_count}
+
 
 class EstimateRecord(_Record):
     """The plan's cost estimate (harness.run.estimate), recorded next to the actual ``timing``: seconds as

@@ -1,0 +1,190 @@
+"""What one run's design costs per decision: the paired spread of a metric per session block, the wall time a block
+takes, and their product.
+
+Unit: the session block (one server session per arm, ``workload.rounds_per_session`` rounds each). Per block ``s``,
+``d_s`` is the candidate's minus the baseline's session mean of the metric's log (rounds averaged as
+:mod:`harness.judge.cells` does), per level (:func:`harness.judge.calibration.paired_spread`) and pooled over levels
+as the gate's pooled hypothesis pools them (the mean over levels of the per-level ``d``). The spread ``sd(d)`` carries a
+two-sided 95 % interval from the χ² distribution on ``n − 1`` degrees of freedom, ``sd·sqrt(df / χ²_{0.975, df})`` to
+``sd·sqrt(df / χ²_{0.025, df})``. In an A/B run the true effect is the same in every block, so ``sd(d)`` estimates
+the same noise as in an A/A run.
+
+Cost per decision. A decision needs a standard error ``σ`` of the mean paired log ratio, ``n = sd² / σ²`` blocks, so
+its wall time is ``sd² × T_block / σ²``: designs compare by ``cost = sd² × T_block`` (seconds; one block's time at a
+unit log-ratio variance), reported also as the minutes to a 1 % standard error (``cost / 0.01² / 60``). ``T_block``
+is the median time between the ends of consecutive blocks, the first block timed from the first server start (server
+starts, warm-ups and levels included: what the gate's ``--budget`` counts per block; the median keeps a resume's gap
+or the first block's parity prompts out). The blocks a ±3 % decision needs: the one-sided t-test at 0.025 (the FAIL
+side's α/K for the default two speed metrics) with 90 % power at a distance ``|log 0.97|`` from the margin
+(:func:`harness.judge.planning.sessions_for_power`, Julious 2004), at the spread and at its 95 % upper bound.
+
+Pure: the manifest and the levels frame in, numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import chi2
+
+from harness.judge.calibration import paired_spread
+from harness.judge.planning import sessions_for_power, spread_upper_bound
+from harness.rundir.schema import LevelKey, Manifest
+
+__all__ = ["SpreadEstimate", "sd_interval", "complete_blocks", "pooled_spread", "level_spreads", "block_wall_s",
+           "DecisionCost", "decision_cost", "run_noise", "DECISION_LOSS", "DECISION_LEVEL", "DECISION_POWER"]
+
+DECISION_LOSS = 0.03
+"""The ±3 % a decision resolves (the default throughput margin, :mod:`harness.judge.policy`)."""
+DECISION_LEVEL = 0.025
+"""One-sided level of the decision's test: α / K for α = 0.05 and the default two gated speed metrics."""
+DECISION_POWER = 0.90
+
+
+@dataclass(frozen=True)
+class SpreadEstimate:
+    """``sd`` of the per-block paired log ratio over ``pairs`` blocks (``concurrency`` None: pooled over levels), its
+    two-sided 95 % χ² interval (``low``, ``high``) and one-sided 95 % upper bound ``upper``; NaN below 2 pairs."""
+
+    concurrency: int | None
+    pairs: int
+    sd: float
+    low: float
+    high: float
+    upper: float
+
+
+def sd_interval(sd: float, df: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided ``confidence`` interval of a standard deviation on ``df`` degrees of freedom (χ²). Raises ValueError
+    for ``df < 1``."""
+    if df < 1:
+        raise ValueError(f"a spread on {df} degrees of freedom has no interval")
+    tail = (1.0 - confidence) / 2.0
+    return float(sd * math.sqrt(df / chi2.ppf(1.0 - tail, df))), float(sd * math.sqrt(df / chi2.ppf(tail, df)))
+
+
+def _estimate(concurrency: int | None, pairs: int, sd: float) -> SpreadEstimate:
+    if pairs < 2 or not math.isfinite(sd):
+        return SpreadEstimate(concurrency, pairs, math.nan, math.nan, math.nan, math.nan)
+    low, high = sd_interval(sd, pairs - 1)
+    return SpreadEstimate(concurrency, pairs, sd, low, high, spread_upper_bound(sd, pairs - 1))
+
+
+def complete_blocks(levels: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The rows of the sessions that measured ``column`` (> 0) at every level of the run, the same number of rounds
+    at each, in sessions present in both arms — so a mean over all of a session's rows weighs every level alike."""
+    rows = levels.dropna(subset=["session", column])
+    rows = rows[rows[column] > 0]
+    if rows.empty:
+        return rows
+    wanted = rows["concurrency"].nunique()
+    counts = rows.groupby(["arm", "session", "concurrency"]).size().unstack("concurrency")
+    balanced = counts[(counts.notna().sum(axis=1) == wanted) & (counts.nunique(axis=1) == 1)].index
+    keep = pd.MultiIndex.from_frame(rows[["arm", "session"]]).isin(balanced)
+    rows = rows[keep]
+    shared = set.intersection(*(set(frame["session"]) for _, frame in rows.groupby("arm"))) \
+        if rows["arm"].nunique() == 2 else set()
+    return rows[rows["session"].isin(shared)]
+
+
+def level_spreads(levels: pd.DataFrame, column: str = "output_throughput", **options: Any) -> list[SpreadEstimate]:
+    """:class:`SpreadEstimate` of ``column`` at every level (``options`` go to
+    :func:`harness.judge.calibration.paired_spread`)."""
+    return [_estimate(row.concurrency, row.pairs, row.sd) for row in paired_spread(levels, column, **options)]
+
+
+def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", **options: Any) -> SpreadEstimate:
+    """:class:`SpreadEstimate` of ``column`` pooled over levels: every level's figures divided by their geometric
+    mean (a constant per level, which cancels in ``d``), then all levels read as one. On complete blocks
+    (:func:`complete_blocks`) a session's mean log over all its rows is then the mean over levels of its per-level
+    means, so with the default estimator the per-block ``d`` is the gate's pooled log ratio exactly. A robust
+    ``estimator`` (``options``) takes its location, and flags stalled rounds, over the session's rounds of all
+    levels at once — a pooled reading of the rule, not the per-level one."""
+    rows = complete_blocks(levels, column)
+    if rows.empty:
+        return _estimate(None, 0, math.nan)
+    logs = np.log(rows[column].astype(float))
+    centred = np.exp(logs - logs.groupby(rows["concurrency"]).transform("mean"))
+    (row,) = paired_spread(rows.assign(**{column: centred, "concurrency": 0}), column, **options)
+    return _estimate(None, row.pairs, row.sd)
+
+
+def _time(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text)) if text else None
+    except ValueError:
+        return None
+
+
+def block_wall_s(manifest: Manifest) -> tuple[float | None, int]:
+    """(median seconds per session block, blocks timed): the gaps between consecutive blocks' last level ends, the
+    first from the run's first server start (None when fewer than one block finished or nothing is timed)."""
+    per_session = int((manifest.scenario_value("workload") or {}).get("rounds_per_session", 1) or 1)
+    ends: dict[int, datetime] = {}
+    starts = []
+    for arm in manifest.arms:
+        starts += [t for s in arm.sessions if (t := _time(s.started_at)) is not None]
+        for key, record in arm.levels.items():
+            parsed, finished = LevelKey.parse(key), _time(record.finished_at)
+            if parsed is None or finished is None or record.status != "done":
+                continue
+            block = parsed.round // per_session
+            ends[block] = max(ends.get(block, finished), finished)
+    if not ends or not starts:
+        return None, 0
+    times = [min(starts)] + sorted(ends.values())
+    gaps = np.diff([t.timestamp() for t in times])
+    return float(np.median(gaps)), len(gaps)
+
+
+@dataclass(frozen=True)
+class DecisionCost:
+    """A design's cost per decision from its pooled spread ``sd`` (and 95 % upper bound ``upper``) and the median
+    wall seconds of a block: ``cost_s = sd² × wall_per_block_s``; minutes to a 1 % standard error; blocks (and
+    minutes) a ±3 % decision needs at ``sd`` and at ``upper`` (None where not estimable or beyond 10 000)."""
+
+    wall_per_block_s: float | None
+    cost_s: float | None
+    minutes_to_1pct_se: float | None
+    blocks_3pct: int | None
+    blocks_3pct_upper: int | None
+    minutes_3pct: float | None
+
+
+def decision_cost(sd: float, upper: float, wall_per_block_s: float | None) -> DecisionCost:
+    """:class:`DecisionCost` of a spread and a block time (the module docstring gives the formulas)."""
+    distance = abs(math.log1p(-DECISION_LOSS))
+    finite = math.isfinite(sd)
+    blocks = sessions_for_power(sd, distance, DECISION_LEVEL, DECISION_POWER) if finite else None
+    blocks_upper = sessions_for_power(upper, distance, DECISION_LEVEL, DECISION_POWER) if math.isfinite(upper) else None
+    if wall_per_block_s is None or not finite:
+        return DecisionCost(wall_per_block_s, None, None, blocks, blocks_upper, None)
+    cost = sd ** 2 * wall_per_block_s
+    return DecisionCost(wall_per_block_s, cost, cost / 0.01 ** 2 / 60.0, blocks, blocks_upper,
+                        None if blocks is None else blocks * wall_per_block_s / 60.0)
+
+
+def run_noise(manifest: Manifest, levels: pd.DataFrame, column: str = "output_throughput",
+              **options: Any) -> dict[str, Any]:
+    """This run's noise and cost per decision of ``column``, as plain data: ``{"column", "levels": [SpreadEstimate],
+    "pooled": SpreadEstimate, "blocks_timed", **DecisionCost}`` (NaN → None for JSON)."""
+    pooled = pooled_spread(levels, column, **options)
+    wall, timed = block_wall_s(manifest)
+    cost = decision_cost(pooled.sd, pooled.upper, wall)
+    return _plain({"column": column, "levels": [asdict(s) for s in level_spreads(levels, column, **options)],
+                   "pooled": asdict(pooled), "blocks_timed": timed, **asdict(cost)})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,61 @@
+"""The report's "Designs measured on this machine" section: the committed design study of this run's machine class
+(``results/design-study/<machine>.json``, written by ``python -m harness.design_study``; matched on the manifest's
+:meth:`~harness.rundir.schema.Platform.identity`) and this run's own paired spread and cost per decision
+(``verdict.json``'s ``noise``, :func:`harness.judge.design_costs.run_noise` via the gate).
+
+The study is a repository file, not part of the run directory: re-rendering a report picks up a newer study."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness.rundir.schema import Manifest
+
+__all__ = ["STUDY_DIR", "STUDY_KIND", "designs_section", "measured_study"]
+
+STUDY_DIR = Path(__file__).resolve().parents[2] / "results" / "design-study"
+STUDY_KIND = "dsa-bench.design-study"
+
+
+def measured_study(manifest: Manifest, study_dir: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """(path, document) of the design study whose machine is this run's, or None (none measured, or unreadable)."""
+    folder = Path(study_dir or STUDY_DIR)
+    wanted = manifest.platform.identity()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(document, dict) and document.get("kind") == STUDY_KIND and document.get("machine") == wanted:
+            return path, document
+    return None
+
+
+def _row(row: Mapping[str, Any], cheapest: str | None) -> dict[str, Any]:
+    spread = row.get("spread") or {}
+    return {"design": row.get("design"), "description": row.get("description", ""),
+            "cheapest": row.get("design") == cheapest,
+            "blocks": row.get("blocks"), "rounds": row.get("rounds_per_session"), "pooled": spread.get("pooled") or {},
+            "wall_per_block_s": spread.get("wall_per_block_s"), "cost_s": spread.get("cost_s"),
+            "blocks_3pct": spread.get("blocks_3pct"), "overall": row.get("overall")}
+
+
+def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = None) -> dict[str, Any]:
+    """``{"machine": str, "study": None | {"source", "updated_at", "cheapest", "rows": [{design, description,
+    cheapest, blocks, rounds, pooled {pairs, sd, low, high}, wall_per_block_s, cost_s, blocks_3pct, overall}]},
+    "this_run": None | verdict.json's noise}``."""
+    platform = manifest.platform
+    found = measured_study(manifest, study_dir)
+    study = None
+    if found is not None:
+        path, document = found
+        rows = [_row(row, document.get("cheapest")) for row in document.get("designs") or []
+                if isinstance(row, Mapping)]
+        rows.sort(key=lambda r: r["cost_s"] if isinstance(r["cost_s"], (int, float)) else float("inf"))
+        study = {"source": path.name, "updated_at": document.get("updated_at"), "cheapest": document.get("cheapest"),
+                 "rows": rows}
+    noise = verdict.get("noise") if isinstance(verdict, Mapping) else None
+    return {"machine": f"{platform.name}, {platform.device or 'unknown device'}, {platform.cpu_count} CPUs",
+            "study": study, "this_run": noise if isinstance(noise, Mapping) else None}

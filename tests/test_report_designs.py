@@ -1,0 +1,69 @@
+"""report.html's "Designs measured on this machine": the committed study of this machine class, and this run's own
+paired spread and cost per decision (verdict.json's noise)."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+from harness import design_study
+from harness.gate import run_gate
+from harness.render import designs, render_report
+from harness.rundir.store import RunDir
+
+COMPARE_RUN = "tests/fixtures/compare_run"
+RECORDING = "tests/fixtures/recorded/real-sessions"
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(COMPARE_RUN, target)
+    return target
+
+
+def _section(html):
+    start = html.index('<section id="designs">')
+    return html[start:html.index("</section>", start)]
+
+
+def test_this_runs_spread_and_cost_are_in_the_verdict_and_the_report(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(designs, "STUDY_DIR", tmp_path / "no-study")
+    noise = run_gate(run_dir).document["noise"]
+    assert noise["pooled"]["pairs"] == 3 and noise["cost_s"] == pytest.approx(
+        noise["pooled"]["sd"] ** 2 * noise["wall_per_block_s"])
+    assert json.loads(RunDir(run_dir).file("verdict.json").read_text())["noise"] == noise
+    section = _section(render_report(run_dir).read_text())
+    pooled = noise["pooled"]
+    assert f"{pooled['sd']:.3f} [{pooled['low']:.3f}, {pooled['high']:.3f}], 3 pairs" in section
+    assert f"{noise['cost_s']:.4f}" in section
+    assert "No design study measured on cpu, AMD EPYC, 2 CPUs" in section
+
+
+def test_the_study_of_this_machine_is_shown_cheapest_first(run_dir, tmp_path, monkeypatch, capsys):
+    study_dir = tmp_path / "study"
+    assert design_study.main(["analyze", RECORDING, COMPARE_RUN, "--out", str(study_dir)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(designs, "STUDY_DIR", study_dir)
+    run_gate(run_dir)
+    section = _section(render_report(run_dir).read_text())
+    (study,) = study_dir.glob("*.json")
+    rows = json.loads(study.read_text())["designs"]
+    order = [name for name in re.findall(r"<td><code>([^<]+)</code>", section)]
+    assert order == [row["design"] for row in sorted(rows, key=lambda r: r["spread"]["cost_s"])]
+    cheapest = json.loads(study.read_text())["cheapest"]
+    assert f"<code>{cheapest}</code> (cheapest)" in section and study.name in section
+
+
+def test_a_study_of_another_machine_is_not_shown(run_dir, tmp_path, monkeypatch, capsys):
+    study_dir = tmp_path / "study"
+    assert design_study.main(["analyze", COMPARE_RUN, "--out", str(study_dir)]) == 0
+    capsys.readouterr()
+    (study,) = study_dir.glob("*.json")
+    document = json.loads(study.read_text())
+    document["machine"]["cpu_count"] = 64
+    study.write_text(json.dumps(document))
+    monkeypatch.setattr(designs, "STUDY_DIR", study_dir)
+    section = _section(render_report(run_dir).read_text())
+    assert "No design study measured" in section and 'id="design-study"' not in section
