@@ -1,17 +1,17 @@
 """``dsa-bench calibrate``: what the gate can and cannot see on this machine, measured with the design it will use.
 
-Two real ``compare`` runs of the scenario, same design and budget:
+Real ``compare`` runs of the scenario, same design and budget:
 
-1. **A/A** — the candidate arm is made a copy of the baseline arm (route, extra args, env, vLLM build;
-   ``allow_identical_arms``): any FAIL is a false alarm.
+1. **A/A**, ``--aa-runs N`` times (default 1) — the candidate arm is made a copy of the baseline arm (route, extra
+   args, env, vLLM build; ``allow_identical_arms``): any FAIL is a false alarm, counted over the N runs.
 2. **Known slowdown** — the same A/A pair with a calibration injection in the candidate only (default
    ``step-delay:4``: the dsa_route plugin sleeps 4 ms per engine step, :mod:`dsa_route.inject`), recorded in the
    manifest and attested like any injection: it should FAIL.
 
-It prints both verdicts, the A/A run's paired session spread of output throughput per level
+It prints every verdict, the last A/A run's paired session spread of output throughput per level
 (:func:`harness.judge.calibration.paired_spread`) and the smallest throughput loss that design detects at 80 % power
 (:func:`harness.judge.calibration.detectable_loss`), and writes them to ``<out>/calibration-<timestamp>.json``.
-Exit code: 0 when the A/A run did not FAIL and the slowdown did, 1 otherwise (2: bad input, nothing started).
+Exit code: 0 when no A/A run FAILed and the slowdown did, 1 otherwise (2: bad input, nothing started).
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     parser = sub.add_parser("calibrate", allow_abbrev=False,
                             help="A/A run + known injected slowdown: false alarm?, caught?, spread, detectable loss")
     parser.add_argument("--slowdown", default=DEFAULT_SLOWDOWN, metavar="KIND",
-                        help=f"the candidate's injection in the second run (default {DEFAULT_SLOWDOWN})")
+                        help=f"the candidate's injection in the slowdown run (default {DEFAULT_SLOWDOWN})")
+    parser.add_argument("--aa-runs", type=int, default=1, metavar="N",
+                        help="A/A runs before the slowdown run (default 1); the false alarms are counted over them")
     parser.set_defaults(func=cmd_calibrate)
     return parser
 
@@ -95,13 +97,18 @@ def _figures(run_dir: Path) -> dict[str, Any]:
             "wall_s": manifest.timing.get("wall_s"), "spread": spreads, "tested_at": level}
 
 
-def _print(aa: dict[str, Any], slow: dict[str, Any], slowdown: str) -> None:
-    print(f"A/A: {aa['overall']} ({'false alarm' if aa['overall'] == 'FAIL' else 'no false alarm'}) in "
-          f"{aa['wall_s'] or 0:.0f} s — {aa['reason']}")
+def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -> None:
+    for index, aa in enumerate(aa_runs, 1):
+        print(f"A/A {index}/{len(aa_runs)}: {aa['overall']} ("
+              f"{'false alarm' if aa['overall'] == 'FAIL' else 'no false alarm'}) in {aa['wall_s'] or 0:.0f} s — "
+              f"{aa['stopped'] or aa['reason']}")
+    false_alarms = sum(aa["overall"] == "FAIL" for aa in aa_runs)
+    print(f"A/A false alarms: {false_alarms} of {len(aa_runs)} run(s)")
+    aa = aa_runs[-1]
     print(f"{slowdown} on the candidate: {slow['overall']} ({'caught' if slow['overall'] == 'FAIL' else 'NOT caught'})"
-          f" in {slow['wall_s'] or 0:.0f} s — {slow['reason']}")
+          f" in {slow['wall_s'] or 0:.0f} s — {slow['stopped'] or slow['reason']}")
     print(f"A/A paired session spread of log output throughput, and the smallest loss FAILed at 80 % power "
-          f"(one-sided {aa['tested_at']:.4f}, this run's sessions):")
+          f"(one-sided {aa['tested_at']:.4f}, the last A/A run's sessions):")
     for row in aa["spread"]:
         loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
                 "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
@@ -119,13 +126,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         parse_injection(args.slowdown)
     except ValueError as error:
         raise UsageError(f"--slowdown: {error}") from None
-    _, aa_dir = run_aa(args, None)
-    _, slow_dir = run_aa(args, args.slowdown)
-    aa, slow = _figures(aa_dir), _figures(slow_dir)
-    _print(aa, slow, args.slowdown)
+    if args.aa_runs < 1:
+        raise UsageError(f"--aa-runs must be ≥ 1, not {args.aa_runs}")
+    aa_runs = [_figures(run_aa(args, None)[1]) for _ in range(args.aa_runs)]
+    slow = _figures(run_aa(args, args.slowdown)[1])
+    _print(aa_runs, slow, args.slowdown)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) / f"calibration-{stamp}.json"
-    out.write_text(json.dumps({"aa": aa, "slowdown": {**slow, "injection": args.slowdown}}, indent=2) + "\n",
-                   encoding="utf-8")
+    record = {"aa": aa_runs[-1], "aa_runs": aa_runs,
+              "false_alarms": sum(aa["overall"] == "FAIL" for aa in aa_runs),
+              "slowdown": {**slow, "injection": args.slowdown}}
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"written: {out}")
-    return 0 if aa["overall"] != "FAIL" and slow["overall"] == "FAIL" else 1
+    return 0 if record["false_alarms"] == 0 and slow["overall"] == "FAIL" else 1

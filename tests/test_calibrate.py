@@ -110,3 +110,36 @@ def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded
     verdict = evaluate(manifest, store.levels(numeric=True), store.requests(numeric=True), None,
                        GatePolicy(primary=("output_throughput",), require_attestation=False))
     assert any("A/A check across the placements" in n and "placements differ" in n for n in verdict.notes)
+
+
+def test_calibrate_counts_false_alarms_over_its_aa_runs(tmp_path, monkeypatch, capsys):
+    """``--aa-runs 3``: three A/A compares, then the slowdown one; the JSON and the exit code count the FAILs."""
+    import json
+    import shutil
+
+    from harness import calibrate, cli
+
+    verdicts = iter(["INCONCLUSIVE", "FAIL", "INCONCLUSIVE", "FAIL"])   # A/A ×3, then the slowdown
+    injections = []
+
+    def fake_compare(args):
+        injections.append(args.arm_overrides["arms.candidate.inject"])
+        run_dir = tmp_path / f"run{len(injections)}"
+        shutil.copytree("tests/fixtures/compare_run", run_dir)
+        (run_dir / "verdict.json").write_text(json.dumps({"overall": next(verdicts), "reason": "r"}))
+        return 0, run_dir
+
+    monkeypatch.setattr(cli, "run_compare", fake_compare)
+    code = main(["calibrate", "--aa-runs", "3", "--scenario", "cpu-tiny-dsa", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert injections == [None, None, None, calibrate.DEFAULT_SLOWDOWN]
+    assert "A/A false alarms: 1 of 3 run(s)" in out and "A/A 2/3: FAIL (false alarm)" in out
+    (written,) = tmp_path.glob("calibration-*.json")
+    record = json.loads(written.read_text())
+    assert record["false_alarms"] == 1 and len(record["aa_runs"]) == 3 and record["slowdown"]["overall"] == "FAIL"
+    assert code == 1                                    # a false alarm fails the calibration
+
+
+def test_aa_runs_below_one_is_one_line_exit_2(capsys, tmp_path):
+    assert main(["calibrate", "--aa-runs", "0", "--out", str(tmp_path)]) == 2
+    assert "--aa-runs" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
