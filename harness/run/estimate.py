@@ -2,12 +2,12 @@
 
 The model, per part (each with the low and the high end of a stated throughput prior, :data:`PRIORS`):
 
-- server starts: sessions (one per arm with concurrent servers, one per arm and round otherwise —
-  ``harness.run.runner.schedule``) × the start-up prior;
+- server starts: sessions (one per arm and session block where each block is a fresh session —
+  ``Scenario.fresh_session_per_block`` — else one per arm; ``harness.run.start.schedule``) × the start-up prior;
 - load levels: per arm and level, ``(num_prompts(c) + warmups) / min(c, saturation)`` waves, each one request's
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
-  not throughput);
+  not throughput); under ``serve.duet`` both arms' levels run at the same time, so the arms' level time is one arm's;
 - output parity: per session, ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
   (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
@@ -95,8 +95,8 @@ def _request_s(input_len: int, output_len: int, prior: Prior, end: int) -> float
 
 
 def sessions(plan: Plan) -> int:
-    """Server sessions the run starts (harness.run.runner.schedule: ABBA blocks, or both servers kept up)."""
-    per_arm = 1 if plan.scenario.serve.concurrent_servers else plan.scenario.workload.repeats
+    """Server sessions the run starts (harness.run.start.schedule: one per arm and block, or both servers kept up)."""
+    per_arm = plan.scenario.workload.repeats if plan.scenario.fresh_session_per_block() else 1
     return len(plan.arms) * per_arm
 
 
@@ -107,7 +107,7 @@ def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
         input_len, output_len = plan.level_lengths(key)
         waves = (work.num_prompts(key.concurrency) + work.warmups) / min(key.concurrency, prior.saturation)
         total += math.ceil(waves) * _request_s(input_len, output_len, prior, end)
-    return total * len(plan.arms)
+    return total * (1 if plan.scenario.serve.duet else len(plan.arms))
 
 
 def _gsm8k_s(plan: Plan, prior: Prior, end: int) -> float:

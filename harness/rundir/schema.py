@@ -196,6 +196,7 @@ class LevelRecord(_Record):
     status: str = "pending"
     session: int | None = None
     wall_s: float | None = None
+    started_at: str | None = None               # UTC, milliseconds: a duet's two levels of one step overlap
     finished_at: str | None = None
     raw: str | None = None                      # relative path of the raw bench JSON
     previous: str | None = None                 # the status before a --resume set it back to pending
