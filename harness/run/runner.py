@@ -137,7 +137,6 @@ class Runner:
                 self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
                 return self._start_server(arm, block, tries - 1)
             raise
-        self.server_slot[arm.name] = slot
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
@@ -222,6 +221,7 @@ class Runner:
         try:
             self.servers[arm.name] = self._start_server(arm, block)
             self.server_round[arm.name] = block
+            self.server_slot[arm.name] = slot_for(block, arm.name, self.slots, scenario.cluster.swap_nodes)
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
             first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
@@ -375,8 +375,12 @@ class Runner:
     def _run_step(self, items: list[tuple[str, int, int]], clients: dict[str, LoadClient], progress: Progress,
                   tasks: dict[str, Any]) -> None:
         """The levels of one step: one level, or (duet) both arms' levels at the same time on servers started first.
-        A duet step's benchmark time is its wall time (the two levels overlap)."""
+        Concurrent servers: every live arm's server is up before a level is measured, so no level runs beside a
+        server that is still starting. A duet step's benchmark time is its wall time (the two levels overlap)."""
         ready = [(item, self._ready(*item)) for item in items]
+        if self.plan.scenario.serve.concurrent_servers and not self.options.base_urls:
+            for name in [n for n in self.arms_plan if n not in self.dead_arms and n not in {i[0] for i in items}]:
+                self._server_for(self.arms_plan[name], self.plan.block_of(items[0][2]))
         measures = [lambda item=item, server=server: self._measure(clients[item[0]], item[0], server, *item[1:],
                                                                  progress, tasks[item[0]])
                     for item, server in ready if server is not None]
