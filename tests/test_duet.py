@@ -206,11 +206,13 @@ def test_a_failing_arm_does_not_hold_up_the_other(tmp_path, monkeypatch):
 @pytest.mark.parametrize("error", [RuntimeError("a bug in one arm's thread"), KeyboardInterrupt()])
 def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path, monkeypatch, error):
     plan = _plan(**DUET)
-    never = threading.Event()
+    never, running = threading.Event(), threading.Event()
 
     def level(run, client, arm, concurrency, repeat):
         if arm.name == "candidate":
+            running.wait(30)
             raise error
+        running.set()
         never.wait(60)   # the baseline's level would run on; the run must not wait for it
 
     run = _runner(tmp_path, monkeypatch, plan, level)
@@ -218,8 +220,9 @@ def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path,
         with pytest.raises(type(error)):
             run.run()
         assert run.manifest["status"] == ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
-        first = run.manifest["arms"][0]["levels"][str(schema.LevelKey(1, 0))]
-        assert first["status"] == "failed: interrupted during this level"   # the run did not wait for it
+        name, concurrency, round_ = run.manifest["schedule"][0]
+        first = run.arms[name]["levels"][str(schema.LevelKey(concurrency, round_))]
+        assert name == "baseline" and first["status"] == "failed: interrupted during this level"   # not waited for
         assert all(server.stopped for _, _, server in run.started_servers)
         assert len(FakeClient.instances) == 2 and all(client.closed for client in FakeClient.instances)
     finally:
