@@ -64,9 +64,7 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0):
 
     def row(run_, client, arm, concurrency, repeat):
         factor = 1.0 - loss if arm.name == "candidate" else 1.0
-        run.store.append_levels([{"arm": arm.name, "session": run._session(arm.name), "round": repeat,
-                                  "concurrency": concurrency, "completed": 16, "failed": 0,
-                                  "output_throughput": 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02))}])
+        _write_row(run, arm.name, concurrency, repeat, 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02)))
 
     def run_level(client, arm, server, concurrency, repeat, progress, task):
         run.up_together.append(sorted(run.servers))
@@ -77,6 +75,12 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0):
     monkeypatch.setattr(run, "_run_level", run_level)
     monkeypatch.setattr(runner_mod, "LoadClient", FakeClient)
     return run
+
+
+def _write_row(run, arm: str, concurrency: int, repeat: int, throughput: float = 100.0) -> None:
+    """One ``levels.csv`` row of ``arm``'s current session."""
+    run.store.append_levels([{"arm": arm, "session": run._session(arm), "round": repeat, "concurrency": concurrency,
+                              "completed": 16, "failed": 0, "output_throughput": throughput}])
 
 
 def _level_records(manifest: dict) -> dict[tuple[str, str], dict]:
@@ -161,9 +165,7 @@ def test_a_duet_sends_each_level_to_both_arms_at_once(tmp_path, monkeypatch):
     def level(run, client, arm, concurrency, repeat):
         clients.setdefault(arm.name, set()).add(id(client))
         together.wait()
-        run.store.append_levels([{"arm": arm.name, "session": run._session(arm.name), "round": repeat,
-                                  "concurrency": concurrency, "completed": 16, "failed": 0,
-                                  "output_throughput": 100.0}])
+        _write_row(run, arm.name, concurrency, repeat)
         together.wait()   # neither level ends before both have written their row
 
     run = _runner(tmp_path, monkeypatch, plan, level)
@@ -189,9 +191,7 @@ def test_a_failing_arm_does_not_hold_up_the_other(tmp_path, monkeypatch):
     def level(run, client, arm, concurrency, repeat):
         if arm.name == "candidate":
             raise LevelError("benchmark failed: connection refused")
-        run.store.append_levels([{"arm": arm.name, "session": run._session(arm.name), "round": repeat,
-                                  "concurrency": concurrency, "completed": 16, "failed": 0,
-                                  "output_throughput": 100.0}])
+        _write_row(run, arm.name, concurrency, repeat)
 
     manifest = _runner(tmp_path, monkeypatch, plan, level).run()
     statuses = {key: level["status"] for key, level in _level_records(manifest).items()}
