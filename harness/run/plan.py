@@ -265,7 +265,7 @@ def _session_notes(scenario: Scenario) -> list[str]:
     swapped = " (exchanged every other block, so core/GPU differences cancel)" if cluster.swap_nodes else ""
     return [f"duet: both arms loaded at once on disjoint cores/GPUs — {where}{swapped}; each level is sent to both "
             "arms at the same time, so shared host noise hits both alike, but neither arm has the host to itself. "
-            + fresh.replace("arms alternating per level", "the arm listed first alternating per step")]
+            "Each session block is a fresh pair of server sessions (one per arm, the unit of replication)."]
 
 
 def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_vllm: AskVllm | None = None) -> Plan:
