@@ -42,8 +42,11 @@ class FakeClient:
     instances: list["FakeClient"] = []
 
     def __init__(self, env, log_path):
-        self.log_path, self.closed, self.import_s = log_path, False, 0.0
+        self.log_path, self.started, self.closed, self.import_s = log_path, False, False, 0.0
         FakeClient.instances.append(self)
+
+    def start(self) -> None:
+        self.started = True
 
     def close(self) -> None:
         self.closed = True
@@ -73,7 +76,7 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0):
     monkeypatch.setattr(run, "_start_server", start)
     monkeypatch.setattr(run, "_parity", lambda *_: None)
     monkeypatch.setattr(run, "_run_level", run_level)
-    monkeypatch.setattr(runner_mod, "LoadClient", FakeClient)
+    monkeypatch.setattr(duet, "LoadClient", FakeClient)
     return run
 
 
@@ -179,7 +182,7 @@ def test_a_duet_sends_each_level_to_both_arms_at_once(tmp_path, monkeypatch):
     assert len(clients["baseline"]) == len(clients["candidate"]) == 1 and clients["baseline"] != clients["candidate"]
     assert sorted(client.log_path.name for client in FakeClient.instances) == [
         "bench-client-baseline.log", "bench-client-candidate.log"]
-    assert all(client.closed for client in FakeClient.instances)
+    assert all(client.started and client.closed for client in FakeClient.instances)
     assert len(run.store.levels()) == 2 * 2 * plan.rounds()   # no row lost to the two writers
     assert [row["cpu_cores"] for row in manifest["cluster"]["assignments"]] == [[0], [1], [1], [0], [0], [1]]
     assert any(note.startswith("duet:") for note in manifest["notes"])

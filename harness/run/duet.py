@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["steps", "run_step"]
+from rich.console import Console
+from rich.markup import escape
+
+from harness.run.load import LevelError, LoadClient
+
+__all__ = ["load_clients", "run_step", "start_clients", "steps"]
 
 Item = tuple[str, int, int]   # (arm, concurrency, round), as harness.run.start.schedule lists them
 
@@ -33,6 +39,26 @@ def steps(order: Sequence[Item], duet: bool) -> list[list[int]]:
         if second >= len(order) or order[first][1:] != order[second][1:] or order[first][0] == order[second][0]:
             raise ValueError(f"a duet step needs both arms at the same level; the schedule has {order[first]} alone")
     return pairs
+
+
+def load_clients(arms: Sequence[str], env: Mapping[str, str], log_path: Callable[[str], Path],
+                 duet: bool) -> dict[str, LoadClient]:
+    """Each arm's load client: one shared client (``logs/bench-client.log``) that the arms take turns on, or under a
+    duet one per arm (``logs/bench-client-<arm>.log``). ``log_path``: a log's name → its path (RunDir.log_path)."""
+    if not duet:
+        shared = LoadClient(env, log_path("bench-client.log"))
+        return {arm: shared for arm in arms}
+    return {arm: LoadClient(env, log_path(f"bench-client-{arm}.log")) for arm in arms}
+
+
+def start_clients(clients: Mapping[str, LoadClient], console: Console) -> None:
+    """Start every client now (vLLM imported), so a duet's first two levels begin together; a client that fails to
+    start is only reported here — its arm's first level starts it again and records the failure."""
+    for arm, client in clients.items():
+        try:
+            client.start()
+        except LevelError as error:
+            console.print(f"[yellow]{arm}: {escape(str(error))}[/]")
 
 
 def run_step(measures: Sequence[Callable[[], Any]], poll_s: float = 0.2) -> None:

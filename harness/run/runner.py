@@ -404,9 +404,7 @@ class Runner:
         if os.environ.get("VLLM_API_KEY"):  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
             client_env["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
         is_duet = self.plan.scenario.serve.duet
-        shared = None if is_duet else LoadClient(client_env, self.store.log_path("bench-client.log"))
-        clients = {name: shared or LoadClient(client_env, self.store.log_path(f"bench-client-{name}.log"))
-                   for name in self.arms_plan}
+        clients = duet.load_clients(list(self.arms_plan), client_env, self.store.log_path, is_duet)
         self.store.log_path("").mkdir(exist_ok=True)
         status = "failed"
         order = schedule(self.plan)
@@ -415,6 +413,8 @@ class Runner:
         budget = stopping.BlockBudget(self.options.budget_s, started, not self.plan.scenario.fresh_session_per_block())
         try:
             self._connect_cluster(client_env)
+            if is_duet and self.cluster is None:   # both imports done before the first step's two levels begin
+                duet.start_clients(clients, self.console)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
                 task = None if is_duet else progress.add_task("starting", total=None)
