@@ -122,6 +122,9 @@ def test_plan_notes_estimate_and_gsm8k_points_follow_the_design():
     (note,) = [note for note in pair.notes if note.startswith("duet:")]
     assert "baseline on local cores 0" in note and "candidate on local cores 1" in note and "exchanged" in note
     assert estimate_mod.sessions(kept) == 2 and estimate_mod.sessions(fresh) == estimate_mod.sessions(pair) == 2 * 3
+    parts = [estimate_mod.estimate(plan).parts for plan in (kept, fresh)]
+    assert parts[0]["parity"] == parts[1]["parity"]   # collected once per arm, whatever the sessions
+    assert parts[1]["server starts"][0] == 3 * parts[0]["server starts"][0]
     levels = [estimate_mod.estimate(plan).parts["load levels"] for plan in (fresh, pair)]
     assert levels[1] == pytest.approx((levels[0][0] / 2, levels[0][1] / 2), abs=0.1)   # a duet runs both arms' levels at once
     for plan, last_block in ((kept, 2), (fresh, 0), (pair, 0)):

@@ -8,7 +8,7 @@ The model, per part (each with the low and the high end of a stated throughput p
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
   not throughput); under ``serve.duet`` both arms' levels run at the same time, so the arms' level time is one arm's;
-- output parity: per session, ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
+- output parity: per arm (its first session; harness.run.runner collects it once), ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
   (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
   ``GSM8K_PROMPT_TOKENS`` few-shot prompt and ``GSM8K_OUTPUT_TOKENS`` generated tokens (lm-eval's ``max_gen_toks``
@@ -131,7 +131,7 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
     def parts_at(end: int) -> dict[str, float]:
         return {"server starts": count * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
-                "parity": count * math.ceil(plan.scenario.parity.n / prior.saturation)
+                "parity": len(plan.arms) * math.ceil(plan.scenario.parity.n / prior.saturation)
                 * _request_s(0, plan.scenario.parity.max_tokens, prior, end),
                 "GSM8K": _gsm8k_s(plan, prior, end)}
 
