@@ -54,7 +54,13 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
     group.add_argument("--max-sessions", type=int, metavar="N",
                        help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
-                            "arm (gate.max_sessions and workload.repeats)")
+                            "arm (gate.max_sessions and workload.repeats; needs a fresh session per block: "
+                            "sequential servers or --restart-per-block)")
+    group.add_argument("--restart-per-block", action=argparse.BooleanOptionalAction, default=None,
+                       help="concurrent servers: a fresh pair of server sessions per block (serve.restart_per_block)")
+    group.add_argument("--duet", action=argparse.BooleanOptionalAction, default=None,
+                       help="concurrent servers on disjoint --place-* cores or GPUs, each level sent to both arms at "
+                            "once (serve.duet)")
     group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
     group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
     group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
@@ -88,7 +94,7 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "mtp": "mtp.num_speculative_tokens", "gsm8k_fewshot": "accuracy.num_fewshot",
         "gsm8k_limit": "accuracy.limit", "inject_candidate": "arms.candidate.inject",
         "cluster_backend": "cluster.backend", "ray_address": "cluster.address", "swap_nodes": "cluster.swap_nodes",
-        "aa_check": "cluster.aa_check",
+        "aa_check": "cluster.aa_check", "restart_per_block": "serve.restart_per_block", "duet": "serve.duet",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
     overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate

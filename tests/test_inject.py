@@ -296,12 +296,12 @@ def test_plan_refuses_an_injection_on_an_arm_dsa_route_does_not_serve(tmp_path, 
 
 
 def test_runner_records_the_injection_and_never_inherits_one(tmp_path, monkeypatch):
-    from harness.run import runner
+    from harness.run import run_manifest, runner
 
     plan = _plan({"arms.candidate.inject": "step-delay:50"}, tmp_path, monkeypatch)
     baseline, candidate = plan.arms
-    assert runner._injection_record(candidate) == {"kind": "step-delay", "params": {"ms": 50.0}}
-    assert runner._injection_record(baseline) is None
+    assert run_manifest._injection_record(candidate) == {"kind": "step-delay", "params": {"ms": 50.0}}
+    assert run_manifest._injection_record(baseline) is None
     monkeypatch.setenv(ENV_INJECT, "topk-random")  # a stray variable in the user's shell must not inject anything
     self = type("R", (), {})()
     assert ENV_INJECT not in runner.Runner._server_env(self, baseline)

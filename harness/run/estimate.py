@@ -2,15 +2,16 @@
 
 The model, per part (each with the low and the high end of a stated throughput prior, :data:`PRIORS`):
 
-- server starts: sessions (one per arm with concurrent servers, one per arm and round otherwise —
-  ``harness.run.runner.schedule``) × the start-up prior;
+- server starts: sessions (one per arm and session block where each block is a fresh session —
+  ``Scenario.fresh_session_per_block`` — else one per arm; ``harness.run.start.schedule``) × the start-up prior;
 - load levels: per arm and level, ``(num_prompts(c) + warmups) / min(c, saturation)`` waves, each one request's
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
   not throughput); with the duration floor ``workload.min_level_s`` a level takes at least that long (its count is
   set by a pilot at run time, harness.run.pilot), and the pilot adds one level per concurrency on one arm at the
   scenario's counts;
-- output parity: per session, ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
+  under ``serve.duet`` both arms' levels run at the same time, so the arms' level time is one arm's;
+- output parity: per arm (its first session; harness.run.runner collects it once), ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
   (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
   ``GSM8K_PROMPT_TOKENS`` few-shot prompt and ``GSM8K_OUTPUT_TOKENS`` generated tokens (lm-eval's ``max_gen_toks``
@@ -98,8 +99,8 @@ def _request_s(input_len: int, output_len: int, prior: Prior, end: int) -> float
 
 
 def sessions(plan: Plan) -> int:
-    """Server sessions the run starts (harness.run.runner.schedule: ABBA blocks, or both servers kept up)."""
-    per_arm = 1 if plan.scenario.serve.concurrent_servers else plan.scenario.workload.repeats
+    """Server sessions the run starts (harness.run.start.schedule: one per arm and block, or both servers kept up)."""
+    per_arm = plan.scenario.workload.repeats if plan.scenario.fresh_session_per_block() else 1
     return len(plan.arms) * per_arm
 
 
@@ -113,7 +114,8 @@ def _level_s(plan: Plan, key: LevelKey, prior: Prior, end: int) -> float:
 
 def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
     floor = plan.scenario.workload.min_level_s
-    return len(plan.arms) * sum(max(_level_s(plan, key, prior, end), floor) for key in plan.levels())
+    arms = 1 if plan.scenario.serve.duet else len(plan.arms)
+    return arms * sum(max(_level_s(plan, key, prior, end), floor) for key in plan.levels())
 
 
 def _pilot_s(plan: Plan, prior: Prior, end: int) -> float:
@@ -146,7 +148,7 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
         return {"server starts": count * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
                 "pilot": _pilot_s(plan, prior, end),
-                "parity": count * math.ceil(plan.scenario.parity.n / prior.saturation)
+                "parity": len(plan.arms) * math.ceil(plan.scenario.parity.n / prior.saturation)
                 * _request_s(0, plan.scenario.parity.max_tokens, prior, end),
                 "GSM8K": _gsm8k_s(plan, prior, end)}
 

@@ -39,6 +39,15 @@ class LoadClient:
         self.proc: subprocess.Popen | None = None
         self.import_s = 0.0
 
+    def start(self) -> None:
+        """Start the client process now (vLLM imported) instead of at the first level, so that two clients' first
+        levels can begin together.
+
+        Raises:
+            LevelError: the client died or did not answer while starting.
+        """
+        self._ensure_started()
+
     def _ensure_started(self, timeout_s: float = 300.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             return

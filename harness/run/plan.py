@@ -282,6 +282,22 @@ def _injection_refusals(injection: Injection | None, decision: routing.RouteDeci
             f"serve this arm on {platform}; drop the injection or run a DSA model on cpu"]
 
 
+def _session_notes(scenario: Scenario) -> list[str]:
+    """The run notes on how concurrent servers are scheduled: fresh sessions per block, or a duet."""
+    serve, cluster = scenario.serve, scenario.cluster
+    if not serve.concurrent_servers or not scenario.fresh_session_per_block():
+        return []
+    fresh = ("Concurrent servers with a fresh pair of server sessions per session block: each block is one "
+             "session per arm (the unit of replication), both servers up together, arms alternating per level.")
+    if not serve.duet:
+        return [fresh]
+    where = "; ".join(f"{name} on {slot.describe()}" for name, slot in cluster.slots().items())
+    swapped = " (exchanged every other block, so core/GPU differences cancel)" if cluster.swap_nodes else ""
+    return [f"duet: both arms loaded at once on disjoint cores/GPUs — {where}{swapped}; each level is sent to both "
+            "arms at the same time, so shared host noise hits both alike, but neither arm has the host to itself. "
+            "Each session block is a fresh pair of server sessions (one per arm, the unit of replication)."]
+
+
 def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_vllm: AskVllm | None = None) -> Plan:
     """Derive both arms for ``machine`` from the routing decision (call :func:`check_machine` first to run it);
     ``model`` from :func:`harness.run.models.locate`. ``ask_vllm``: for ``route="auto"`` arms, what the installed vLLM
@@ -344,6 +360,7 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
                      "applicable — random weights answer nothing and drafts are not accepted for a reason — so the "
                      "gate never uses them; they are still measured and shown. Run accuracy on real weights "
                      "(load_format = \"auto\" and the hub id).")
+    notes += _session_notes(scenario)
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
     per_arm = [{impl for arch, impl in arm.decision["implementation"].items()
                 if impl in cpu_classes and arch in arm.decision["architectures"]} for arm in arms]

@@ -43,9 +43,7 @@ def _header(plan: Plan, refusal: str | None) -> list[str]:
 
 def _grid_lines(plan: Plan) -> list[str]:
     work = plan.scenario.workload
-    order = ("both servers stay up; arms alternate per level (ABBA)" if plan.scenario.serve.concurrent_servers
-             else f"one server session per arm and block of {work.rounds_per_session} round(s), "
-                  f"{'ABBA' if work.block_order == 'abba' else 'seeded random'} arm order per block")
+    order = _order_text(plan)
     levels = plan.levels()
     lengths = sorted({plan.level_lengths(key) for key in levels})
     return [
@@ -66,6 +64,19 @@ def _prompts_line(plan: Plan) -> str:
     return (f"prompts per level: ≥ {work.min_level_s:g} s per level, counts set by a pilot (one level per concurrency "
             f"at {counts} on the first server started; never fewer, a multiple of c, the same for both arms and "
             f"every round)")
+
+
+def _order_text(plan: Plan) -> str:
+    """How servers and arms take turns: sequential blocks, concurrent servers (one session or a fresh pair per
+    block), or a duet (both arms loaded at once)."""
+    serve, work = plan.scenario.serve, plan.scenario.workload
+    if not serve.concurrent_servers:
+        return (f"one server session per arm and block of {work.rounds_per_session} round(s), "
+                f"{'ABBA' if work.block_order == 'abba' else 'seeded random'} arm order per block")
+    sessions = (f"a fresh pair of sessions per block of {work.rounds_per_session} round(s)"
+                if plan.scenario.fresh_session_per_block() else "one session each for the run")
+    turns = "both arms loaded at once per level (duet)" if serve.duet else "arms alternate per level (ABBA)"
+    return f"both servers up together, {sessions}; {turns}"
 
 
 def _placement_line(plan: Plan) -> str:

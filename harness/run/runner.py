@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,19 +20,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import requests
 
-from dsa_route.inject import ENV_INJECT, parse_injection
-from harness.run import (accuracy, attest, builds, cluster as cluster_info, gpu_idle, host_load, machine as machine_mod,
-                         parity, pilot, procs, server_metrics, spec_decode, stopping)
+from dsa_route.inject import ENV_INJECT
+from harness.run import (accuracy, attest, builds, cluster as cluster_info, duet, gpu_idle, host_load, parity, pilot,
+                         procs, run_manifest, server_metrics, spec_decode, stopping)
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
 from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir.store import RunDir
-from harness.run.estimate import estimate
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan, multi_node
-from harness.run.start import load_avg, now, redact_env, redacted_scenario, schedule
-from harness.run.scenario import REPO_ROOT
+from harness.run.start import now, schedule
 from harness.run.startup import startup_from_log
 from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
                             server_version)
@@ -68,54 +67,11 @@ class Runner:
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0, "pilot_s": 0.0}
         self.gsm8k_failures: dict[str, str] = {}
-        self.manifest = self._initial_manifest() if resume_manifest is None else self._resumed(resume_manifest)
+        self.lock = threading.RLock()   # the manifest's dicts and their saves: a duet's two level threads share them
+        self.manifest = (run_manifest.initial(plan, run_dir, remote=bool(options.base_urls), aa_check=options.aa_check)
+                         if resume_manifest is None else run_manifest.resumed(resume_manifest, self.store))
         self.arms = {entry["name"]: entry for entry in self.manifest["arms"]}   # the same dicts, by name
-
-    def _resumed(self, stored: Manifest) -> dict[str, Any]:
-        """The stored manifest with every level that is not ``done`` set back to pending, and the CSVs cut back to
-        the rows of done levels (a crash between the two CSV appends leaves no orphan rows)."""
-        manifest = stored.model_dump(mode="json")
-        done = set()
-        for entry in manifest["arms"]:
-            for key, level in entry["levels"].items():
-                if level.get("status") == "done" and LevelKey.parse(key) is not None:
-                    done.add((entry["name"], LevelKey.parse(key)))
-                elif level.get("status") != "done":
-                    entry["levels"][key] = {"status": "pending", "previous": level.get("status")}
-        self.store.keep_levels(done)
-        manifest["resumed_at"].append(now())
-        manifest["status"] = "running"
-        return manifest
-
-    # ----------------------------------------------------------------------------------------------- manifest
-    def _initial_manifest(self) -> dict[str, Any]:
-        plan = self.plan
-        first_c, first_r = plan.levels()[0]
-        arms = []
-        for arm in plan.arms:
-            arms.append({
-                "name": arm.name, "route": arm.route, "description": arm.description, "decision": arm.decision,
-                "unavailable": list(arm.unavailable),
-                "server_command": arm.server_argv("<port>"), "server_env": redact_env(arm.server_env),
-                "bench_command": plan.bench_argv(arm, first_c, first_r, "http://127.0.0.1:<port>",
-                                                self.run_dir / schema.RAW_DIR),
-                "intended": arm.intended, "observed": {}, "attestation": {"valid": None, "mismatches": []},
-                "server_start_s": None, "base_url": None, "placement": None, "injection": _injection_record(arm), "sessions": [],
-                "build": None if self.options.base_urls else builds.record(arm),
-                "levels": {str(key): {"status": "pending"} for key in plan.levels()},
-            })
-        return {
-            "schema_version": schema.SCHEMA_VERSION, "run_id": self.run_dir.name, "status": "running",
-            "started_at": now(), "ended_at": None, "scenario_name": plan.scenario.name,
-            "scenario_file": plan.scenario_file,
-            "scenario": redacted_scenario(plan.scenario.model_dump(mode="json")),
-            "platform": {**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
-            "versions": machine_mod.versions(), "git_sha": machine_mod.git_sha(REPO_ROOT),
-            "notes": list(plan.notes), "schedule": [list(item) for item in schedule(plan)], "arms": arms,
-            "timing": {}, "resumed_at": [], "estimate": estimate(plan).to_dict(), "aa_check": self.options.aa_check,
-            "cluster": cluster_info.manifest_record(
-                plan.scenario.cluster, [arm.name for arm in plan.arms], plan.scenario.workload.repeats),
-        }
+        self.arms_plan = {arm.name: arm for arm in plan.arms}
 
     def _connect_cluster(self, client_env: dict[str, str]) -> None:
         """With ``backend = "ray"``: connect (or start a head) and record the nodes and their versions. The backend
@@ -135,7 +91,8 @@ class Runner:
         self._save()
 
     def _save(self) -> None:
-        self.store.write_manifest(self.manifest)
+        with self.lock:
+            self.store.write_manifest(self.manifest)
 
     def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
         return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
@@ -180,7 +137,6 @@ class Runner:
                 self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
                 return self._start_server(arm, block, tries - 1)
             raise
-        self.server_slot[arm.name] = slot
         self.timing["server_start_s"] += ready_s
         entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
@@ -233,9 +189,11 @@ class Runner:
         return server
 
     def _server_for(self, arm: ArmPlan, block: int) -> VllmServer | RemoteServer | None:
-        """The arm's server for a level of session block ``block`` (:meth:`Plan.block_of`). Sequential servers: a
-        fresh server session per block (arm × block of rounds), so sessions, the unit of replication, are independent even where ABBA puts one arm's two
-        blocks back to back. Concurrent servers: one session per arm for the whole run."""
+        """The arm's server for a level of session block ``block`` (:meth:`Plan.block_of`). A fresh server session
+        per block (arm × block of rounds) where :meth:`Scenario.fresh_session_per_block` — sessions, the unit of
+        replication, are then independent even where ABBA puts one arm's two blocks back to back; sequential servers
+        stop the other arm's first, concurrent ones stop both of the last block's. Otherwise concurrent servers keep
+        one session per arm for the whole run."""
         if self.options.base_urls:
             if arm.name not in self.servers and arm.name not in self.dead_arms:
                 try:
@@ -245,13 +203,14 @@ class Runner:
                     self.dead_arms[arm.name] = str(error)
                     self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             return self.servers.get(arm.name)
-        if not self.plan.scenario.serve.concurrent_servers:
+        scenario = self.plan.scenario
+        if not scenario.serve.concurrent_servers:
             for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != block]:
                 self.servers.pop(name).stop()
-        else:   # concurrent servers stay up while their placement stays; a swapped block starts new sessions,
-            # and every server that moves stops first, so two servers never share a slot
-            swap = self.plan.scenario.cluster.swap_nodes
-            for name in [n for n in self.servers if self.server_slot.get(n) != slot_for(block, n, self.slots, swap)]:
+        else:   # every server of another block, or that moves, stops before any starts: two never share a slot
+            fresh, swap = scenario.fresh_session_per_block(), scenario.cluster.swap_nodes
+            for name in [n for n in self.servers if (fresh and self.server_round.get(n) != block)
+                         or self.server_slot.get(n) != slot_for(block, n, self.slots, swap)]:
                 self.servers.pop(name).stop()
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
@@ -262,6 +221,7 @@ class Runner:
         try:
             self.servers[arm.name] = self._start_server(arm, block)
             self.server_round[arm.name] = block
+            self.server_slot[arm.name] = slot_for(block, arm.name, self.slots, scenario.cluster.swap_nodes)
             self._parity(arm.name, self.servers[arm.name])
         except ServerError as error:
             first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
@@ -271,7 +231,7 @@ class Runner:
             return None
         return self.servers[arm.name]
 
-    def _size_levels(self, arms: dict[str, ArmPlan], order: list[tuple[str, int, int]], client: LoadClient) -> None:
+    def _size_levels(self, order: list[tuple[str, int, int]], clients: dict[str, LoadClient]) -> None:
         """With ``workload.min_level_s``: every level's prompt count, both arms alike, from a pilot (harness.run.pilot)
         on the first server the schedule starts — or from the manifest's record on ``--resume`` — before any
         measured level. A server that fails to start here is recorded by the level loop, as without a pilot."""
@@ -280,12 +240,14 @@ class Runner:
         if self.manifest.get("pilot") is None:
             first = next(((name, server) for name, c, r in order if name not in self.dead_arms
                           and self._level(name, c, r)["status"] != "done"
-                          for server in [self._server_for(arms[name], self.plan.block_of(r))] if server), None)
+                          for server in [self._server_for(self.arms_plan[name], self.plan.block_of(r))] if server),
+                         None)
             if first is None:
                 return
             name, server = first
             self.console.print(f"[bold]{name}[/]: pilot levels (≥ {self.plan.scenario.workload.min_level_s:g} s)")
-            self.manifest["pilot"] = pilot.run_pilot(self.plan, arms[name], server, server.load_client or client,
+            self.manifest["pilot"] = pilot.run_pilot(self.plan, self.arms_plan[name], server,
+                                                     server.load_client or clients[name],
                                                      self.run_dir, self._session(name))
             self.timing["pilot_s"] += self.manifest["pilot"]["wall_s"]
         self.plan = pilot.apply(self.manifest, self.plan, self.run_dir)
@@ -391,68 +353,111 @@ class Runner:
                            f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
                            f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
 
+    # ----------------------------------------------------------------------------------------------- the loop
+    def _ready(self, name: str, concurrency: int, repeat: int) -> VllmServer | RemoteServer | None:
+        """The running server a pending level is measured on; None when the level is not run now (done on a resumed
+        run, or its arm is dead: the level's status then says why)."""
+        entry = self._level(name, concurrency, repeat)
+        if entry["status"] == "done":
+            return None
+        if name in self.dead_arms:
+            entry["status"] = f"skipped: {self.dead_arms[name]}"
+            self._save()
+            return None
+        server = self._server_for(self.arms_plan[name], self.plan.block_of(repeat))
+        if server is None:
+            entry["status"] = f"failed: {self.dead_arms[name]}"
+            self._save()
+        return server
+
+    def _measure(self, client: LoadClient, name: str, server: VllmServer | RemoteServer, concurrency: int,
+                 repeat: int, progress: Progress, task) -> None:
+        """Run one level (:meth:`_run_level`) and record its outcome, start and end (UTC, ms) in the manifest. A
+        level failure is recorded, not raised; its arm then stops unless ``continue_on_error`` (or its server died)."""
+        entry, level_started = self._level(name, concurrency, repeat), time.monotonic()
+        with self.lock:
+            entry.update(status="failed: interrupted during this level", started_at=now("milliseconds"))
+            self._save()
+        status, dead = "done", None
+        try:
+            self._run_level(client, self.arms_plan[name], server, concurrency, repeat, progress, task)
+        except (LevelError, ValueError) as error:
+            status = f"failed: {error}"
+            self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {escape(str(error))}[/]")
+            dead = ("server died" if not server.alive() else None if self.options.continue_on_error
+                    else "an earlier level failed (use --continue-on-error to go on)")
+        with self.lock:
+            if dead is not None:
+                self.dead_arms[name] = dead
+            entry.update(status=status, wall_s=round(time.monotonic() - level_started, 2),
+                         finished_at=now("milliseconds"),
+                         raw=f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}")
+            if status == "done":
+                entry["session"] = self._session(name)
+            self._save()
+
+    def _run_step(self, items: list[tuple[str, int, int]], clients: dict[str, LoadClient], progress: Progress,
+                  tasks: dict[str, Any]) -> None:
+        """The levels of one step: one level, or (duet) both arms' levels at the same time on servers started first.
+        Concurrent servers: every live arm's server is up before a level is measured, so no level runs beside a
+        server that is still starting. A duet step's benchmark time is its wall time (the two levels overlap)."""
+        ready = [(item, self._ready(*item)) for item in items]
+        if self.plan.scenario.serve.concurrent_servers and not self.options.base_urls:
+            for name in [n for n in self.arms_plan if n not in self.dead_arms and n not in {i[0] for i in items}]:
+                self._server_for(self.arms_plan[name], self.plan.block_of(items[0][2]))
+        measures = [lambda item=item, server=server: self._measure(clients[item[0]], item[0], server, *item[1:],
+                                                                 progress, tasks[item[0]])
+                    for item, server in ready if server is not None]
+        if len(measures) == 1:
+            measures[0]()
+        elif measures:
+            started, benchmark_s = time.monotonic(), self.timing["benchmark_s"]
+            duet.run_step(measures)
+            self.timing["benchmark_s"] = benchmark_s + time.monotonic() - started
+
+    def _block_done(self, blocks_done: int, budget: stopping.BlockBudget) -> str | None:
+        """The stop reason at the boundary after ``blocks_done`` blocks (a deciding look, the budget), else None."""
+        return (stopping.look_stop(self.run_dir, blocks_done)
+                or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done))
+
     def run(self) -> dict[str, Any]:
         """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""
         started = time.monotonic()
         self._save()
-        arms = {arm.name: arm for arm in self.plan.arms}
         client_env = dict(os.environ)
         if os.environ.get("VLLM_API_KEY"):  # vLLM's bench client sends OPENAI_API_KEY as the bearer token
             client_env["OPENAI_API_KEY"] = os.environ["VLLM_API_KEY"]
-        client = LoadClient(client_env, self.store.log_path("bench-client.log"))
+        is_duet = self.plan.scenario.serve.duet
+        clients = duet.load_clients(list(self.arms_plan), client_env, self.store.log_path, is_duet)
         self.store.log_path("").mkdir(exist_ok=True)
         status = "failed"
         order = schedule(self.plan)
         gsm8k_at = stopping.gsm8k_points(self.plan, order)
         block, blocks_done, stop = None, 0, None
-        budget = stopping.BlockBudget(self.options.budget_s, started, self.plan.scenario.serve.concurrent_servers)
+        budget = stopping.BlockBudget(self.options.budget_s, started, not self.plan.scenario.fresh_session_per_block())
         try:
             self._connect_cluster(client_env)
-            self._size_levels(arms, order, client)
+            self._size_levels(order, clients)
+            if is_duet and self.cluster is None:   # both imports done before the first step's two levels begin
+                duet.start_clients(clients, self.console)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                           TimeElapsedColumn(), console=self.console, transient=True) as progress:
-                task = progress.add_task("starting", total=None)
-                for index, (name, concurrency, repeat) in enumerate(order):
-                    if self.plan.block_of(repeat) != block:
+                task = None if is_duet else progress.add_task("starting", total=None)
+                tasks = {name: task if task is not None else progress.add_task(f"{name}: starting", total=None)
+                         for name in self.arms_plan}
+                for indices in duet.steps(order, is_duet):
+                    step_block = self.plan.block_of(order[indices[0]][2])
+                    if step_block != block:
                         if block is not None:
                             blocks_done += 1
-                            stop = (stopping.look_stop(self.run_dir, blocks_done)
-                                    or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done))
+                            stop = self._block_done(blocks_done, budget)
                             if stop is not None:
                                 break
-                        block = self.plan.block_of(repeat)
-                    entry = self._level(name, concurrency, repeat)
-                    if entry["status"] == "done":   # resumed run: already measured
-                        if index == gsm8k_at[name] and name in self.servers:
+                        block = step_block
+                    self._run_step([order[index] for index in indices], clients, progress, tasks)
+                    for name in [order[index][0] for index in indices if index == gsm8k_at[order[index][0]]]:
+                        if name in self.servers and self.servers[name].alive():
                             self._gsm8k(name, self.servers[name])
-                        continue
-                    if name in self.dead_arms:
-                        entry["status"] = f"skipped: {self.dead_arms[name]}"
-                        self._save()
-                        continue
-                    server = self._server_for(arms[name], self.plan.block_of(repeat))
-                    if server is None:
-                        entry["status"] = f"failed: {self.dead_arms[name]}"
-                        self._save()
-                        continue
-                    level_started = time.monotonic()
-                    entry["status"] = "failed: interrupted during this level"   # until it finishes
-                    try:
-                        self._run_level(client, arms[name], server, concurrency, repeat, progress, task)
-                        entry["status"], entry["session"] = "done", self._session(name)
-                    except (LevelError, ValueError) as error:
-                        entry["status"] = f"failed: {error}"
-                        self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {escape(str(error))}[/]")
-                        if not server.alive():
-                            self.dead_arms[name] = "server died"
-                        elif not self.options.continue_on_error:
-                            self.dead_arms[name] = "an earlier level failed (use --continue-on-error to go on)"
-                    entry["wall_s"] = round(time.monotonic() - level_started, 2)
-                    entry["finished_at"] = now()
-                    entry["raw"] = f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}"
-                    self._save()
-                    if index == gsm8k_at[name] and server.alive():
-                        self._gsm8k(name, server)
             if stop is not None:
                 self._stopped(stop)
             self._finish_accuracy()
@@ -463,34 +468,21 @@ class Runner:
             status = "interrupted"
             raise
         finally:
-            client.close()
+            self._close(set(clients.values()), started, status)
+        return self.manifest
+
+    def _close(self, clients: set[LoadClient], started: float, status: str) -> None:
+        """Stop every client and server; the final timing, the levels never reached and the status, saved."""
+        with self.lock:
+            for client in clients:
+                client.close()
             for server in self.servers.values():
                 server.stop()
             if self.cluster is not None:
                 self.cluster.close()
-            self.timing["client_import_s"] = client.import_s
-            wall = time.monotonic() - started
-            measured = sum(self.timing[k] for k in ("server_start_s", "benchmark_s", "parity_s", "gsm8k_s", "pilot_s"))
-            self.manifest["timing"] = {
-                "wall_s": round(wall, 2), **{k: round(v, 2) for k, v in self.timing.items()},
-                "harness_overhead_s": round(wall - measured, 2),
-                "harness_share": round((wall - measured) / wall, 4) if wall > 0 else None,
-            }
-            for arm in self.manifest["arms"]:
-                for level in arm["levels"].values():
-                    if level["status"] == "pending":
-                        level["status"] = "skipped: run stopped before this level"
-            self.manifest["status"] = status
-            self.manifest["ended_at"] = now()
-            self.manifest["platform"]["load_avg_at_end"] = load_avg()
+            self.timing["client_import_s"] = sum(client.import_s for client in clients)
+            run_manifest.finish(self.manifest, self.timing, time.monotonic() - started, status)
             self._save()
-        return self.manifest
-
-
-def _injection_record(arm: ArmPlan) -> dict[str, Any] | None:
-    """The manifest's ``injection`` of an arm (``{"kind", "params"}``), None when the arm injects nothing."""
-    injection = parse_injection(arm.server_env.get(ENV_INJECT))
-    return None if injection is None else injection.record()
 
 
 def _successes(server: VllmServer | RemoteServer) -> float:

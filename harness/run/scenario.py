@@ -84,6 +84,8 @@ class ServeSpec(_Frozen):
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     chunked_prefill: bool = True
     concurrent_servers: bool = False
+    restart_per_block: bool = False   # concurrent servers: a fresh pair of sessions at every session block
+    duet: bool = False   # concurrent servers on disjoint cores/GPUs, each level sent to both arms at the same time
     ready_timeout_s: float = Field(default=900.0, gt=0)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = Field(default_factory=dict)
@@ -207,9 +209,10 @@ survives running twice as slow as in its pilot (this VM's A/A rounds of one leve
 class WorkloadSpec(_Frozen):
     """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
 
-    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``. ``repeats`` server sessions
-    per arm under sequential servers (one each under concurrent servers), each measuring ``rounds_per_session``
-    rounds over all levels: ``repeats × rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
+    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``. ``repeats`` session blocks,
+    each a fresh server session per arm where :meth:`Scenario.fresh_session_per_block` (else concurrent servers keep
+    one session each), each block measuring ``rounds_per_session`` rounds over all levels: ``repeats ×
+    rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
     round's levels in an order drawn from ``seed`` and the round (many short rounds in randomised order: Abedi &
     Brecht 2017, "Conducting repeatable experiments in highly variable cloud computing environments", ICPE).
     ``block_order``: which arm each sequential session block starts with — "random" (a seeded coin per block,
@@ -348,13 +351,29 @@ class Scenario(_Frozen):
         most = self.gate.max_sessions
         if most is None:
             return self
-        if self.serve.concurrent_servers:
-            raise ValueError(f"gate.max_sessions = {most} makes the run sequential over server sessions, which needs "
-                             "serve.concurrent_servers = false (a fresh server per arm and block)")
+        if not self.fresh_session_per_block():
+            raise ValueError(f"gate.max_sessions = {most} makes the run sequential over server sessions, which needs a "
+                             "fresh server session per arm and block: serve.concurrent_servers = false, or "
+                             "serve.restart_per_block = true (--restart-per-block)")
         if self.workload.repeats != most:
             raise ValueError(f"gate.max_sessions = {most} is the most session blocks the run may take: set "
                              f"workload.repeats = {most} too (--max-sessions sets both)")
         return self
+
+    @model_validator(mode="after")
+    def _duet_needs_disjoint_places(self) -> "Scenario":
+        if not self.serve.duet:
+            return self
+        if not self.serve.concurrent_servers:
+            raise ValueError("serve.duet loads both arms at once, which needs both servers up: set "
+                             "serve.concurrent_servers = true")
+        pinned = [[getattr(slot, field) for slot in self.cluster.slots().values()] for field in ("cpu_cores", "gpu_ids")]
+        pinned = [sets for sets in pinned if sets != [None, None]]   # an unset side (None) means all of them
+        if pinned and all(None not in sets and not set(sets[0]) & set(sets[1]) for sets in pinned):
+            return self
+        raise ValueError("serve.duet loads both arms at once, so each needs its own CPU cores or GPUs: set disjoint "
+                         "cpu_cores or gpu_ids under [cluster.arms.baseline] and [cluster.arms.candidate] (e.g. "
+                         "--place-baseline cores=0 --place-candidate cores=1)")
 
     @model_validator(mode="after")
     def _swap_needs_places(self) -> "Scenario":
@@ -394,6 +413,13 @@ class Scenario(_Frozen):
         if not self.accuracy.enabled or self.model.load_format == "dummy":
             dropped.append("gsm8k_accuracy")
         return self.model_copy(update={"gate": self.gate.without(*dropped)}) if dropped else self
+
+    def fresh_session_per_block(self) -> bool:
+        """Whether every session block starts a fresh server session per arm (the unit of replication): sequential
+        servers, or concurrent ones with ``serve.restart_per_block``, ``serve.duet`` or ``cluster.swap_nodes`` (a
+        swapped block moves both servers). False: concurrent servers keep one session per arm for the whole run."""
+        serve = self.serve
+        return not serve.concurrent_servers or serve.restart_per_block or serve.duet or self.cluster.swap_nodes
 
     def arm_names(self) -> list[str]:
         """Arm names, baseline first."""

@@ -30,8 +30,9 @@ def load_avg() -> str:
         return "unavailable"
 
 
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+def now(timespec: str = "seconds") -> str:
+    """UTC now in ISO 8601 (``timespec="milliseconds"`` for level start and end times, whose overlap matters)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec=timespec)
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
@@ -64,8 +65,11 @@ def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     :func:`~harness.judge.planning.baseline_first` draws (``workload.block_order``: a seeded coin per block, or
     ABBA); in a block one arm's server session measures ``workload.rounds_per_session`` consecutive rounds
     (:meth:`Plan.block_of`).
-    Concurrent servers: the arms stay up (one session each) and alternate per level in ABBA order, so drift hits
-    both arms alike.
+    Concurrent servers: both arms' servers are up together and alternate per level in ABBA order, so drift hits
+    both arms alike — one session each for the run, or a fresh pair per session block
+    (:meth:`~harness.run.scenario.Scenario.fresh_session_per_block`). Duet (``serve.duet``): the same order, each
+    step's two entries (one per arm, same concurrency and round) back to back; the runner sends them at the same time
+    (:func:`harness.run.duet.steps`).
     """
     names = [arm.name for arm in plan.arms]
     rounds = range(plan.rounds())

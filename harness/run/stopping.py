@@ -17,9 +17,10 @@ __all__ = ["BlockBudget", "gsm8k_points", "look_stop"]
 
 
 def gsm8k_points(plan: Plan, order: list[tuple[str, int, int]]) -> dict[str, int]:
-    """Index in ``order`` after which each arm's GSM8K runs: its last level of session block 0 with sequential
-    servers (so a run that stops early still has it, on a session of its own), its last level with concurrent ones."""
-    first_block = not plan.scenario.serve.concurrent_servers
+    """Index in ``order`` after which each arm's GSM8K runs: its last level of session block 0 where every block is a
+    fresh session (:meth:`~harness.run.scenario.Scenario.fresh_session_per_block`: so a run that stops early still
+    has it, on a session of its own), its last level where concurrent servers keep one session for the run."""
+    first_block = plan.scenario.fresh_session_per_block()
     return {name: index for index, (name, _, round_) in enumerate(order)
             if not first_block or plan.block_of(round_) == 0}
 
@@ -35,13 +36,14 @@ def look_stop(run_dir: Path, blocks_done: int) -> str | None:
 @dataclass
 class BlockBudget:
     """``--budget``: no block starts that would end past ``budget_s`` seconds of the run, a block taken to last as
-    long as the previous one — less its server starts when servers stay up (concurrent servers start none again).
+    long as the previous one — less its server starts when ``servers_stay_up`` (concurrent servers that keep one
+    session for the run start none again; fresh sessions per block start theirs every block).
 
     Times are ``time.monotonic()`` seconds; ``server_start_s`` is the run's cumulative server start-up time."""
 
     budget_s: float | None
     started: float
-    concurrent_servers: bool
+    servers_stay_up: bool
     block_started: float = 0.0
     block_start_s: float = 0.0
 
@@ -51,7 +53,7 @@ class BlockBudget:
     def check(self, now_s: float, server_start_s: float, blocks_done: int) -> str | None:
         """Close the block that ends at ``now_s``; the stop reason when the next one would not fit, else None."""
         elapsed, last_block = now_s - self.started, now_s - self.block_started
-        if self.concurrent_servers:
+        if self.servers_stay_up:
             last_block -= server_start_s - self.block_start_s
         self.block_started, self.block_start_s = now_s, server_start_s
         if self.budget_s is not None and elapsed + last_block > self.budget_s:

@@ -19,8 +19,9 @@ Pure: pydantic models and constants, no file access (that is :mod:`harness.rundi
 - ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
 
 Replication hierarchy: arm → session (one ``vllm serve`` process; a new session each time the runner starts or
-connects to a server: one per arm per run with concurrent servers, one per block of levels with sequential
-servers, and a new one after ``--resume``) → round (one pass over the concurrency levels; version 1 called it
+connects to a server: one per arm and block of levels with sequential servers, with concurrent ones under
+``serve.restart_per_block``, ``serve.duet`` or swapped placements, else one per arm per run with concurrent servers;
+and a new one after ``--resume``) → round (one pass over the concurrency levels; version 1 called it
 ``repeat``) → request.
 
 Units are in the column names (``_ms`` milliseconds, ``_s`` seconds, throughputs in tokens/s or requests/s). The
@@ -201,6 +202,7 @@ class LevelRecord(_Record):
     status: str = "pending"
     session: int | None = None
     wall_s: float | None = None
+    started_at: str | None = None               # UTC, milliseconds: a duet's two levels of one step overlap
     finished_at: str | None = None
     raw: str | None = None                      # relative path of the raw bench JSON
     previous: str | None = None                 # the status before a --resume set it back to pending

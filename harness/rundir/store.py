@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -65,6 +66,7 @@ class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self._raw_manifest: dict[str, Any] | None = None
+        self._write_lock = threading.Lock()   # a duet appends both arms' rows from two threads
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -146,7 +148,8 @@ class RunDir:
             typed = manifest if isinstance(manifest, Manifest) else Manifest.model_validate(manifest)
         except ValidationError as error:
             raise SchemaError(f"{self.file(schema.MANIFEST)}: refusing to write: {first_error(error)}") from None
-        atomic_write_json(self.file(schema.MANIFEST), typed)
+        with self._write_lock:
+            atomic_write_json(self.file(schema.MANIFEST), typed)
         self._raw_manifest = None
         return typed
 
@@ -259,12 +262,13 @@ class RunDir:
             atomic_write_text(self.file(name), table[keep][list(columns)].to_csv(index=False))
 
     def _append(self, name: str, rows: list[Mapping[str, Any]], columns: tuple[str, ...]) -> None:
-        path = self.file(name)
-        existing = path.read_text(encoding="utf-8") if path.exists() else ""
         fresh = rows_to_csv(rows, columns)
-        if existing:
-            fresh = fresh.split("\n", 1)[1]
-        atomic_write_text(path, existing + fresh)
+        with self._write_lock:   # read-append-replace: two writers at once would lose one's rows
+            path = self.file(name)
+            existing = path.read_text(encoding="utf-8") if path.exists() else ""
+            if existing:
+                fresh = fresh.split("\n", 1)[1]
+            atomic_write_text(path, existing + fresh)
 
     # ------------------------------------------------------------------------------------------- JSON documents
     def read_json(self, name: str, fix: str = "re-run that step with --resume") -> Any:

@@ -1,0 +1,246 @@
+"""Concurrent servers with a fresh pair of sessions per block (``serve.restart_per_block``) and duet runs
+(``serve.duet``: each level sent to both arms at the same time on disjoint cores).
+
+The runner runs for real — schedule, sessions, looks, the duet's threads, statuses, the manifest; only server start,
+parity and the benchmark client are replaced (a level writes one ``levels.csv`` row), as in test_sequential_run."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from fakes.support import StubServer
+from harness.judge.policy import Status
+from harness.run import duet, estimate as estimate_mod, plan as plan_mod, stopping
+from harness.run import runner as runner_mod
+from harness.run.load import LevelError
+from harness.run.models import locate
+from harness.run.scenario import ScenarioError, load_scenario
+from harness.run.start import schedule
+from harness.rundir import schema
+
+CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
+RECORDING = "tests/fixtures/recorded/record-sessions.toml"
+BASE = {"gate.primary": ["output_throughput"], "gate.require_attestation": False, "gate.min_sessions": 3,
+        "accuracy.enabled": False, "workload.concurrency": [1, 4], "workload.rounds_per_session": 2,
+        "workload.repeats": 3, "serve.concurrent_servers": True}
+PLACED = {"cluster.arms.baseline": {"cpu_cores": "0"}, "cluster.arms.candidate": {"cpu_cores": "1"}}
+DUET = {**PLACED, "serve.duet": True}
+
+
+def _plan(**overrides) -> plan_mod.Plan:
+    scenario = load_scenario(RECORDING, {**BASE, **overrides}).effective()
+    return plan_mod.build_plan(scenario, CPU, locate(scenario))
+
+
+class FakeClient:
+    """A load client that is never started; records that it was closed."""
+
+    instances: list["FakeClient"] = []
+
+    def __init__(self, env, log_path):
+        self.log_path, self.started, self.closed, self.import_s = log_path, False, False, 0.0
+        FakeClient.instances.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0):
+    """A Runner with stub servers and ``level(run, client, arm, concurrency, round)`` as each level's body (default:
+    one row with a seeded throughput, the candidate ``loss`` slower)."""
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
+    rng, run.started_servers, run.up_together = np.random.default_rng(0), [], []
+    FakeClient.instances = []
+
+    def start(arm, block):
+        run._new_session(run.arms[arm.name], 1.0, StubServer.base_url)
+        server = StubServer()
+        run.started_servers.append((arm.name, block, server))
+        return server
+
+    def row(run_, client, arm, concurrency, repeat):
+        factor = 1.0 - loss if arm.name == "candidate" else 1.0
+        _write_row(run, arm.name, concurrency, repeat, 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02)))
+
+    def run_level(client, arm, server, concurrency, repeat, progress, task):
+        run.up_together.append(sorted(run.servers))
+        (level or row)(run, client, arm, concurrency, repeat)
+
+    monkeypatch.setattr(run, "_start_server", start)
+    monkeypatch.setattr(run, "_parity", lambda *_: None)
+    monkeypatch.setattr(run, "_run_level", run_level)
+    monkeypatch.setattr(duet, "LoadClient", FakeClient)
+    return run
+
+
+def _write_row(run, arm: str, concurrency: int, repeat: int, throughput: float = 100.0) -> None:
+    """One ``levels.csv`` row of ``arm``'s current session."""
+    run.store.append_levels([{"arm": arm, "session": run._session(arm), "round": repeat, "concurrency": concurrency,
+                              "completed": 16, "failed": 0, "output_throughput": throughput}])
+
+
+def _level_records(manifest: dict) -> dict[tuple[str, str], dict]:
+    return {(arm["name"], key): level for arm in manifest["arms"] for key, level in arm["levels"].items()}
+
+
+# ----------------------------------------------------------------------------------------------- scenario checks
+@pytest.mark.parametrize("overrides, message", [
+    ({"serve.duet": True, "serve.concurrent_servers": False, **PLACED}, "serve.concurrent_servers = true"),
+    ({"serve.duet": True}, "--place-baseline cores=0 --place-candidate cores=1"),
+    ({"serve.duet": True, "cluster.arms.baseline": {"cpu_cores": "0"}}, "own CPU cores or GPUs"),
+    ({"serve.duet": True, "cluster.arms.baseline": {"gpu_ids": "0,1"}, "cluster.arms.candidate": {"gpu_ids": "1"}},
+     "own CPU cores or GPUs"),
+    ({"serve.duet": True, **PLACED, "cluster.arms.baseline": {"cpu_cores": "0", "gpu_ids": "0"}},
+     "own CPU cores or GPUs"),   # cores apart, but the candidate sees every GPU
+    ({"gate.max_sessions": 3}, "serve.restart_per_block = true"),
+])
+def test_duet_and_sequential_looks_need_their_design(overrides, message):
+    with pytest.raises(ScenarioError, match=message.replace(".", r"\.").replace("-", r"\-")):
+        _plan(**overrides)
+
+
+def test_disjoint_gpus_make_a_duet_and_fresh_sessions_accept_max_sessions():
+    gpus = _plan(**{"serve.duet": True, "cluster.arms.baseline": {"gpu_ids": "0,1"},
+                    "cluster.arms.candidate": {"gpu_ids": "2,3"}})
+    assert gpus.scenario.serve.duet and gpus.scenario.fresh_session_per_block()
+    for fresh in ({"serve.restart_per_block": True}, DUET, {**PLACED, "cluster.swap_nodes": True}):
+        assert _plan(**fresh, **{"gate.max_sessions": 3}).scenario.gate.max_sessions == 3
+    assert not _plan().scenario.fresh_session_per_block()
+
+
+def test_plan_notes_estimate_and_gsm8k_points_follow_the_design():
+    kept, fresh, pair = _plan(), _plan(**{"serve.restart_per_block": True}), _plan(**DUET, **{"cluster.swap_nodes": True})
+    assert not any("fresh pair" in note for note in kept.notes)
+    assert any("fresh pair of server sessions per session block" in note for note in fresh.notes)
+    (note,) = [note for note in pair.notes if note.startswith("duet:")]
+    assert "baseline on local cores 0" in note and "candidate on local cores 1" in note and "exchanged" in note
+    assert estimate_mod.sessions(kept) == 2 and estimate_mod.sessions(fresh) == estimate_mod.sessions(pair) == 2 * 3
+    parts = [estimate_mod.estimate(plan).parts for plan in (kept, fresh)]
+    assert parts[0]["parity"] == parts[1]["parity"]   # collected once per arm, whatever the sessions
+    assert parts[1]["server starts"][0] == 3 * parts[0]["server starts"][0]
+    levels = [estimate_mod.estimate(plan).parts["load levels"] for plan in (fresh, pair)]
+    assert levels[1] == pytest.approx((levels[0][0] / 2, levels[0][1] / 2), abs=0.1)   # a duet runs both arms' levels at once
+    for plan, last_block in ((kept, 2), (fresh, 0), (pair, 0)):
+        order = schedule(plan)
+        points = stopping.gsm8k_points(plan, order)
+        assert {plan.block_of(order[index][2]) for index in points.values()} == {last_block}
+        assert all(order[index][0] == name for name, index in points.items())
+
+
+def test_duet_steps_pair_the_two_arms_of_each_level():
+    plan = _plan(**DUET)
+    order = schedule(plan)
+    pairs = duet.steps(order, True)
+    assert len(pairs) == len(order) // 2 == 2 * plan.rounds()
+    for first, second in pairs:
+        assert order[first][1:] == order[second][1:] and {order[first][0], order[second][0]} == {"baseline",
+                                                                                                  "candidate"}
+    assert duet.steps(order, False) == [[index] for index in range(len(order))]
+    with pytest.raises(ValueError, match="both arms at the same level"):
+        duet.steps(order[1:], True)
+
+
+# ----------------------------------------------------------------------------------------------- runs
+def test_restart_per_block_starts_a_fresh_pair_per_block_with_both_servers_up(tmp_path, monkeypatch):
+    plan = _plan(**{"serve.restart_per_block": True})
+    run = _runner(tmp_path, monkeypatch, plan)
+    manifest = run.run()
+    assert manifest["status"] == "done"
+    assert [(name, block) for name, block, _ in run.started_servers] == [
+        (name, block) for block in range(3) for name in ("baseline", "candidate")]
+    assert all(server.stopped for _, _, server in run.started_servers)
+    assert all(up == ["baseline", "candidate"] for up in run.up_together)   # both up before any level
+    for (name, key), level in _level_records(manifest).items():
+        assert level["status"] == "done" and level["session"] == plan.block_of(schema.LevelKey.parse(key).round)
+    assert [len(arm["sessions"]) for arm in manifest["arms"]] == [3, 3]
+    assert len(FakeClient.instances) == 1   # not a duet: one client takes turns
+
+
+def test_a_duet_sends_each_level_to_both_arms_at_once(tmp_path, monkeypatch):
+    plan = _plan(**DUET, **{"cluster.swap_nodes": True})
+    together = threading.Barrier(2, timeout=30)   # a level that ran alone would break it
+    clients = {}
+
+    def level(run, client, arm, concurrency, repeat):
+        clients.setdefault(arm.name, set()).add(id(client))
+        together.wait()
+        _write_row(run, arm.name, concurrency, repeat)
+        together.wait()   # neither level ends before both have written their row
+
+    run = _runner(tmp_path, monkeypatch, plan, level)
+    manifest = run.run()
+    assert manifest["status"] == "done", _level_records(manifest)
+    records = _level_records(manifest)
+    for key in manifest["arms"][0]["levels"]:
+        base, cand = records[("baseline", key)], records[("candidate", key)]
+        assert base["started_at"] < cand["finished_at"] and cand["started_at"] < base["finished_at"]
+        assert base["session"] == cand["session"] == plan.block_of(schema.LevelKey.parse(key).round)
+    assert len(clients["baseline"]) == len(clients["candidate"]) == 1 and clients["baseline"] != clients["candidate"]
+    assert sorted(client.log_path.name for client in FakeClient.instances) == [
+        "bench-client-baseline.log", "bench-client-candidate.log"]
+    assert all(client.started and client.closed for client in FakeClient.instances)
+    assert len(run.store.levels()) == 2 * 2 * plan.rounds()   # no row lost to the two writers
+    assert [row["cpu_cores"] for row in manifest["cluster"]["assignments"]] == [[0], [1], [1], [0], [0], [1]]
+    assert any(note.startswith("duet:") for note in manifest["notes"])
+
+
+def test_a_failing_arm_does_not_hold_up_the_other(tmp_path, monkeypatch):
+    plan = _plan(**DUET)
+
+    def level(run, client, arm, concurrency, repeat):
+        if arm.name == "candidate":
+            raise LevelError("benchmark failed: connection refused")
+        _write_row(run, arm.name, concurrency, repeat)
+
+    manifest = _runner(tmp_path, monkeypatch, plan, level).run()
+    statuses = {key: level["status"] for key, level in _level_records(manifest).items()}
+    assert all(status == "done" for (arm, _), status in statuses.items() if arm == "baseline")
+    candidate = [status for (arm, _), status in statuses.items() if arm == "candidate"]
+    assert candidate.count("failed: benchmark failed: connection refused") == 1
+    assert all(status.startswith("skipped: an earlier level failed") for status in candidate
+               if not status.startswith("failed"))
+    assert manifest["status"] == "failed"
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug in one arm's thread"), KeyboardInterrupt()])
+def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path, monkeypatch, error):
+    plan = _plan(**DUET)
+    never, running = threading.Event(), threading.Event()
+
+    def level(run, client, arm, concurrency, repeat):
+        if arm.name == "candidate":
+            running.wait(30)
+            raise error
+        running.set()
+        never.wait(60)   # the baseline's level would run on; the run must not wait for it
+
+    run = _runner(tmp_path, monkeypatch, plan, level)
+    try:
+        with pytest.raises(type(error)):
+            run.run()
+        assert run.manifest["status"] == ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+        name, concurrency, round_ = run.manifest["schedule"][0]
+        first = run.arms[name]["levels"][str(schema.LevelKey(concurrency, round_))]
+        assert name == "baseline" and first["status"] == "failed: interrupted during this level"   # not waited for
+        assert all(server.stopped for _, _, server in run.started_servers)
+        assert len(FakeClient.instances) == 2 and all(client.closed for client in FakeClient.instances)
+    finally:
+        never.set()
+
+
+def test_a_duet_with_max_sessions_stops_at_the_first_deciding_look(tmp_path, monkeypatch):
+    plan = _plan(**DUET, **{"gate.max_sessions": 8, "workload.repeats": 8, "workload.rounds_per_session": 1})
+    manifest = _runner(tmp_path, monkeypatch, plan, loss=0.3).run()
+    statuses = [level["status"] for level in _level_records(manifest).values()]
+    assert statuses.count("done") == 2 * 2 * 3   # 2 arms × 2 levels × 3 sessions (the first look)
+    assert "FAIL" in manifest["stopped"]["reason"] and manifest["status"] == "done"
+    from harness import gate
+
+    assert gate.run_gate(tmp_path / "run", write=False).status == Status.FAIL
