@@ -21,6 +21,7 @@ from harness.run import estimate as estimate_mod
 from harness.run import pilot, plan_view
 from harness.run import plan as plan_mod
 from harness.run import runner as runner_mod
+from harness.run import duet as duet_mod
 from harness.run.scenario import LEVEL_TIMEOUT_HEADROOM, ScenarioError, load_scenario
 from harness.rundir import schema
 from harness.rundir.store import RunDir
@@ -72,7 +73,7 @@ class FakeClient:
 def fake_client(monkeypatch):
     FakeClient.calls = []
     FakeClient.request_s = REQUEST_S
-    monkeypatch.setattr(runner_mod, "LoadClient", FakeClient)
+    monkeypatch.setattr(duet_mod, "LoadClient", FakeClient)
     return FakeClient
 
 
