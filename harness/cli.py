@@ -179,8 +179,7 @@ def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
 
     from harness.rundir import store
 
-    options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args),
-                         budget_s=args.budget)
+    options = RunOptions(continue_on_error=args.continue_on_error, base_urls=_base_urls(args))
     if args.resume and store.RunDir(Path(args.resume)).manifest().status == "done":
         # a finished run: nothing to re-run, and its timing stays as measured
         Console(stderr=True).print(f"nothing to resume: {args.resume} is complete; its report and verdict stand "
@@ -202,6 +201,7 @@ def run_compare(args: argparse.Namespace) -> tuple[int, Path]:
                                                       limit=spec.limit)
         except accuracy.AccuracyError as error:
             raise UsageError(str(error)) from None
+    options.budget_s = args.budget if args.budget is not None else plan.scenario.workload.budget_s
     if run_dir is None:
         run_dir = new_run_dir(Path(args.out), plan.scenario.name)
     console = Console(stderr=True)
@@ -312,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
     compare.add_argument("--continue-on-error", action="store_true", help="record a failed level and go on")
     compare.add_argument("--budget", type=_duration, metavar="TIME",
-                         help="wall-clock budget for the measurements, e.g. 12m or 3h: no session block starts that "
-                              "would end past it (with --max-sessions the run also stops at PASS or FAIL)")
+                         help="wall-clock budget for the measurements, e.g. 12m or 3h (default: workload.budget_s): no "
+                              "session block starts that would end past it (with --max-sessions the run also stops at "
+                              "PASS or FAIL)")
     compare.add_argument("--gate", action="store_true", help="run the gate at the end and exit with its code")
     compare.add_argument("--resume", metavar="RUN_DIR", help="re-run only the levels of RUN_DIR that are not done")
     compare.add_argument("--base-url-baseline", metavar="URL", help="benchmark an already running baseline server")

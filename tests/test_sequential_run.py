@@ -111,3 +111,30 @@ def test_inconsistent_sequential_scenarios_are_refused(overrides, message):
 def test_a_ray_node_must_be_a_node_id():
     with pytest.raises(ScenarioError, match="not a Ray node id"):
         _plan(**{"cluster.backend": "ray", "cluster.arms.baseline.node": "x"})
+
+
+@pytest.mark.parametrize("flag, expected", [(None, 600.0), (90.0, 90.0)])
+def test_the_scenario_budget_applies_unless_budget_is_given(flag, expected, tmp_path, monkeypatch):
+    """``workload.budget_s`` is the run's budget; ``--budget`` overrides it."""
+    import argparse
+
+    from harness import cli
+    from harness.run import runner as runner_mod
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_runner(plan, run_dir, options, console, resume_manifest=None):
+        seen["budget_s"] = options.budget_s
+        raise Stop
+
+    monkeypatch.setattr(runner_mod, "Runner", fake_runner)
+    parser = cli.build_parser()
+    args = parser.parse_args(["compare", "--scenario", "cpu-tiny-dsa", "--no-gsm8k", "--out", str(tmp_path)]
+                             + ([] if flag is None else ["--budget", f"{flag:g}s"]))
+    args.arm_overrides = {"workload.budget_s": 600.0}
+    with pytest.raises(Stop):
+        cli.run_compare(args)
+    assert seen["budget_s"] == expected

@@ -220,6 +220,8 @@ class WorkloadSpec(_Frozen):
     ``min_level_s`` (seconds, 0 = off): a floor on each level's measured duration — a pilot before the first
     measured level sets the prompt count per concurrency, the same for both arms and every round
     (:mod:`harness.run.pilot`); a longer window averages out per-request noise.
+    ``budget_s`` (seconds, None = none): the run's wall-clock budget for its measurements when ``--budget`` is not
+    given — no session block starts that would end past it (:class:`harness.run.stopping.BlockBudget`).
     """
 
     concurrency: tuple[int, ...]
@@ -235,6 +237,7 @@ class WorkloadSpec(_Frozen):
     block_order: Literal["random", "abba"] = "random"
     level_timeout_s: float = Field(default=1800.0, gt=0)
     min_level_s: float = 0.0
+    budget_s: float | None = Field(default=None, gt=0)
 
     @field_validator("min_level_s")
     @classmethod
