@@ -18,10 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import requests
-
 from dsa_route.inject import ENV_INJECT
-from harness.run import (accuracy, attest, builds, cluster as cluster_info, duet, gpu_idle, host_load, parity, pilot,
+from harness.run import (accuracy, arm_checks, attest, builds, cluster as cluster_info, duet, gpu_idle, host_load, pilot,
                          procs, run_manifest, server_metrics, spec_decode, stopping)
 from harness.run.placement import Slot, slot_for
 
@@ -32,8 +30,8 @@ from harness.run.load import LevelError, LoadClient, parse_bench_result, read_be
 from harness.run.plan import ArmPlan, Plan, multi_node
 from harness.run.start import now, schedule
 from harness.run.startup import startup_from_log
-from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, scrape_metrics, served_models,
-                            server_version)
+from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, request_successes, scrape_metrics,
+                                served_models, server_version)
 
 
 @dataclass
@@ -271,49 +269,17 @@ class Runner:
 
     # ----------------------------------------------------------------------------------------------- accuracy
     def _parity(self, arm: str, server: VllmServer | RemoteServer) -> None:
-        """Greedy outputs of the fixed parity prompts, once per arm before its sweep."""
-        if parity.load_arm(self.run_dir, arm) is not None:   # resumed run: already collected
-            return
-        started = time.monotonic()
-        try:
-            spec = self.plan.scenario.parity
-            parity.run_arm(self.run_dir, arm, server.base_url, server.served_model_name, server.headers, n=spec.n,
-                           max_tokens=spec.max_tokens, prompts=spec.prompts, ignore_eos=spec.ignore_eos)
-        except (requests.RequestException, ValueError) as error:
-            self.console.print(f"[yellow]{arm}: parity prompts failed ({escape(str(error))}); the report will say so[/]")
-        self.timing["parity_s"] += time.monotonic() - started
+        """Greedy outputs of the parity prompts, once per arm before its sweep (harness.run.arm_checks)."""
+        self.timing["parity_s"] += arm_checks.collect_parity(self.run_dir, arm, server, self.plan.scenario.parity,
+                                                             self.console)
 
     def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
-        """lm-eval GSM8K on the arm's running server, after its last level."""
-        spec, data = self.plan.scenario.accuracy, self.options.gsm8k
-        if not spec.enabled or data is None or data.source == "skip":
-            return
-        if self.store.file(f"{schema.ACCURACY_DIR}/{arm}/{schema.ACCURACY_ARM}").is_file():   # resumed run: done
-            return
-        self.console.print(f"[bold]{arm}[/]: GSM8K through lm-eval ({spec.num_fewshot}-shot, limit {spec.limit})")
-        started = time.monotonic()
-        try:
-            endpoint = accuracy.Endpoint(server.base_url, server.served_model_name, os.environ.get("VLLM_API_KEY"),
-                                         server.alive)
-            result = accuracy.run_gsm8k(self.run_dir, arm, endpoint, data, accuracy.GsmSettings.of(spec))
-            scores = ", ".join(f"{name} {100 * v['accuracy']:.1f} %" for name, v in result.filters.items()
-                               if v.get("accuracy") is not None)
-            self.console.print(f"{arm}: GSM8K {result.n} questions: {scores}")
-        except accuracy.AccuracyError as error:
-            self.gsm8k_failures[arm] = str(error)
-            self.console.print(f"[red]{arm}: GSM8K failed: {escape(str(error))}[/]")
-        self.timing["gsm8k_s"] += time.monotonic() - started
-
-    def _finish_accuracy(self) -> None:
-        """parity.json and accuracy/summary.json from what each arm stored."""
-        parity.compare_run_dir(self.run_dir)
-        spec, data = self.plan.scenario.accuracy, self.options.gsm8k
-        if not spec.enabled:
-            accuracy.record_skipped(self.run_dir, "GSM8K is off in this scenario (accuracy.enabled = false / --no-gsm8k)")
-        elif data is None or data.source == "skip":
-            accuracy.record_skipped(self.run_dir, data.reason if data else "no GSM8K data source")
-        else:
-            accuracy.summarize(self.run_dir, failures=self.gsm8k_failures)
+        """lm-eval GSM8K on the arm's running server (harness.run.arm_checks)."""
+        spent, failure = arm_checks.run_gsm8k(self.run_dir, arm, server, self.plan.scenario.accuracy,
+                                              self.options.gsm8k, self.console)
+        self.timing["gsm8k_s"] += spent
+        if failure is not None:
+            self.gsm8k_failures[arm] = failure
 
     # ----------------------------------------------------------------------------------------------- levels
     def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
@@ -323,11 +289,11 @@ class Runner:
         raw_dir.mkdir(exist_ok=True)
         argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir, server.served_model_name)
         total = self.plan.num_prompts(concurrency) + self.plan.scenario.workload.warmups
-        before = _successes(server)
+        before = request_successes(server)
         progress.update(task, description=f"{arm.name} c={concurrency} r={repeat}", total=total, completed=0)
 
         def tick() -> None:
-            progress.update(task, completed=max(0.0, _successes(server) - before))
+            progress.update(task, completed=max(0.0, request_successes(server) - before))
 
         cpu_before = host_load.read_cpu_times()
         reply = (server.load_client or client).run(argv, self.store.log_path(f"{arm.name}-bench.log"),
@@ -460,7 +426,7 @@ class Runner:
                             self._gsm8k(name, self.servers[name])
             if stop is not None:
                 self._stopped(stop)
-            self._finish_accuracy()
+            arm_checks.finish(self.run_dir, self.plan.scenario.accuracy, self.options.gsm8k, self.gsm8k_failures)
             all_done = all(level["status"] == "done" or level["status"].startswith(schema.STOPPED)
                            for arm in self.manifest["arms"] for level in arm["levels"].values())
             status = "done" if all_done else "failed"
@@ -484,10 +450,3 @@ class Runner:
             run_manifest.finish(self.manifest, self.timing, time.monotonic() - started, status)
             self._save()
 
-
-def _successes(server: VllmServer | RemoteServer) -> float:
-    try:
-        samples = scrape_metrics(server.base_url, server.headers)
-        return sum(v for k, v in samples.items() if k.split("{")[0] == "vllm:request_success_total")
-    except Exception:  # noqa: BLE001 — progress display only
-        return 0.0

@@ -243,3 +243,13 @@ def server_version(base_url: str, headers: Mapping[str, str] | None = None) -> s
         return json.loads(requests.get(f"{base_url}/version", timeout=5, headers=dict(headers or {})).text)["version"]
     except (requests.RequestException, ValueError, KeyError):
         return None
+
+
+def request_successes(server) -> float:
+    """``vllm:request_success_total`` summed over its label sets on ``server`` (a VllmServer or RemoteServer); 0.0
+    when ``/metrics`` cannot be read (the progress display's count only)."""
+    try:
+        samples = scrape_metrics(server.base_url, server.headers)
+        return sum(v for k, v in samples.items() if k.split("{")[0] == "vllm:request_success_total")
+    except Exception:  # noqa: BLE001 — progress display only
+        return 0.0
