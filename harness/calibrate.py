@@ -5,7 +5,8 @@ Real ``compare`` runs of the scenario, same design and budget:
 1. **A/A**, ``--aa-runs N`` times (default 1) — the candidate arm is made a copy of the baseline arm (route, extra
    args, env, vLLM build; ``allow_identical_arms``): any FAIL is a false alarm, counted over the N runs.
 2. **Known slowdown** — the same A/A pair with a calibration injection in the candidate only (default
-   ``step-delay:4``: the dsa_route plugin sleeps 4 ms per engine step, :mod:`dsa_route.inject`), recorded in the
+   ``step-delay:2``: the dsa_route plugin sleeps 2 ms per target-model forward, ≈ 13–25 % of the tiny default's
+   engine step at c = 8…1, :mod:`dsa_route.inject`), recorded in the
    manifest and attested like any injection: it should FAIL.
 
 It prints every verdict, the last A/A run's paired session spread of output throughput per level
@@ -25,7 +26,7 @@ from typing import Any
 
 __all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa", "run_aa_check"]
 
-DEFAULT_SLOWDOWN = "step-delay:4"
+DEFAULT_SLOWDOWN = "step-delay:2"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
