@@ -127,6 +127,14 @@ def test_inconclusive_says_how_many_sessions_from_the_spread_not_the_observed_ef
     assert wider.repeats_needed > result.repeats_needed
 
 
+def test_the_inconclusive_reason_counts_the_minutes_the_missing_sessions_take():
+    result = verdict.decide([_tput_cell(0.985, 0.03, repeats=4)], PERF)
+    more = result[0].repeats_needed - 4
+    _, reason = verdict.overall(result, block_s=90.0)
+    assert f"≈{more * 90 / 60:.0f} more minutes at 90 s per session block" in reason
+    assert "more minutes" not in verdict.overall(result)[1]          # no block time known: sessions only
+
+
 def test_one_repeat_is_inconclusive_not_pass():
     result = verdict.decide([_tput_cell(1.0, 0.0001, repeats=1)], PERF)[0]
     assert result.status == Status.INCONCLUSIVE and result.ci_low is None

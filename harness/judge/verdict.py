@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.judge import planning, sequential, stats
+from harness.judge import design_costs, planning, sequential, stats
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.validity import ValidityReport, check_validity
@@ -331,11 +331,13 @@ def _set_interval(result: CellResult, estimate: float, se: float, df: float, lev
         result.notes.append(f"interval centred at the Agresti–Min estimate {_to_delta(spec, estimate):+.2f} pt")
 
 
-def overall(results: Sequence[CellResult]) -> tuple[Status, str]:
+def overall(results: Sequence[CellResult], block_s: float | None = None) -> tuple[Status, str]:
     """The run's verdict from its primary cells, and one sentence saying why.
 
     FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any cell is INVALID (or no primary cell
     exists); else INCONCLUSIVE if any is; else PASS (every primary cell passed: the intersection–union test).
+    An INCONCLUSIVE reason names the sessions per arm a decision would take and, with ``block_s`` (the run's median
+    seconds per session block, :func:`harness.judge.design_costs.block_wall_s`), the minutes the missing ones add.
     """
     cells = [r for r in results if r.primary and not r.pooled]
     if not cells:
@@ -355,8 +357,11 @@ def overall(results: Sequence[CellResult]) -> tuple[Status, str]:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
         needs = [r.repeats_needed for r in hit if r.repeats_needed is not None and r.repeats_needed > r.repeats]
-        tail = (f"; ≈{max(needs)} sessions per arm would give 90 % power to pass an unchanged candidate at the "
-                "spread's 95 % upper bound" if needs
+        more = max(needs) - max(r.repeats for r in hit) if needs else 0
+        minutes = f" (≈{more * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)" if (
+            needs and block_s) else ""
+        tail = (f"; ≈{max(needs)} sessions per arm{minutes} would give 90 % power to pass an unchanged candidate at "
+                "the spread's 95 % upper bound" if needs
                 else "; see each cell's note")
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
     return worst, f"all {len(cells)} primary cells are non-inferior within their margins"
@@ -409,7 +414,7 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics)
     look = sequential.look_of(policy, levels)
     results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
-    status, reason = overall(results)
+    status, reason = overall(results, design_costs.block_wall_s(manifest)[0])
     notes = [] if look is None else [look.describe()]
     check = manifest.aa_check
     if check is not None:
