@@ -31,7 +31,8 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
     gsm8k: null | {arms [{arm, filter, accuracy_pct, stderr_pct, n}], paired [{filter, difference_pts,
                    baseline_only, candidate_only, p_value}]}        # the HTML report's GSM8K section shape
     validity {failures [{arm, concurrency, round, check, detail}], not_checked [str]},
-    notes [str], evaluated: bool (false: the data could not be read, no figures)
+    notes [str], evaluated: bool (false: the data could not be read, no figures),
+    stalls [{arm, concurrency, round, session, reason, excluded}]   # flagged rounds (harness.judge.stalls)
 """
 
 from __future__ import annotations
@@ -283,6 +284,7 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "validity": {"failures": verdict.validity.failures if verdict else [],
                      "not_checked": verdict.validity.not_checked if verdict else []},
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,
+        "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
     }
 
 

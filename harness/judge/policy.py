@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, Metric
+from harness.judge.stalls import Estimator
 from harness.rundir.schema import SEVERITY, Status
 
 __all__ = ["Status", "SEVERITY", "Metric", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
@@ -56,6 +57,7 @@ class GatePolicy(BaseModel):
         levels = [1, 8]              # default: every level of the run
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
         max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
+        estimator = "mean"           # within-session location of rounds: "mean", "exclude-stalls" or "median"
         [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
         output_throughput = -3.0
         mean_tpot_ms = 3.0
@@ -97,6 +99,11 @@ class GatePolicy(BaseModel):
     design, one look after ``workload.repeats`` sessions."""
     spending: Literal["pocock", "obrien-fleming"] = "pocock"
     """The α-spending function of a sequential run (Lan & DeMets 1983)."""
+    estimator: Estimator = "mean"
+    """The within-session location of rounds and what happens to stalled rounds (:mod:`harness.judge.stalls`):
+    ``"mean"`` (every valid round; flagged rounds are reported and kept), ``"exclude-stalls"`` (the mean of the
+    unflagged rounds) or ``"median"`` (the median of the unflagged rounds). The default is the one the recorded-session
+    simulation favours (README, Statistics)."""
 
     @model_validator(mode="before")
     @classmethod
