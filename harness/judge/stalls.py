@@ -48,6 +48,8 @@ MIN_ROUNDS_FOR_Z = 5
 """Fewest rounds of one arm and level whose MAD is taken as their spread (with 4 or fewer, two equal rounds give a MAD
 near zero and any third round reads as an outlier)."""
 STALL_COLUMN = "output_throughput"
+MAX_SHOWN = 8
+"""Flagged rounds named in the verdict's note (all of them are in ``verdict.json``)."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,10 @@ def describe(stalls: Sequence[Stall], estimator: str) -> str | None:
     if not stalls:
         return None
     fate = ("excluded from the cells" if excludes(estimator)
-            else "kept (estimator = \"mean\" weighs every valid round)")
+            else "kept (estimator = \"mean\" weighs every valid round; steal above the limit makes the level INVALID)")
     shown = [f"{s.arm} c={s.concurrency} r{s.round}" + ("" if s.session is None else f" (session {s.session})")
-             + f": {s.reason}" for s in stalls]
+             + f": {s.reason}" for s in stalls[:MAX_SHOWN]]
+    more = f"; … and {len(stalls) - MAX_SHOWN} more (verdict.json: stalls)" if len(stalls) > MAX_SHOWN else ""
     return (f"{len(stalls)} stalled round(s) flagged (steal above the limit, or a modified z-score beyond "
             f"±{MODIFIED_Z_LIMIT:g}; Iglewicz & Hoaglin 1993), {fate} [estimator = \"{estimator}\"]: "
-            + "; ".join(shown))
+            + "; ".join(shown) + more)
