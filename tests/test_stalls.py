@@ -157,3 +157,25 @@ def test_the_default_keeps_every_round_on_the_recorded_sessions():
         expected = levels[(levels["arm"] == "baseline") & (levels["concurrency"] == level)] \
             .groupby("session")["output_throughput"].mean()
         assert [v[0] for v in cell.baseline] == pytest.approx(expected.loc[list(cell.repeats)].tolist())
+
+
+def test_the_gate_writes_the_flagged_rounds_into_verdict_json_and_summary(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from harness import gate
+
+    spec = importlib.util.spec_from_file_location("aa_split", Path(__file__).parent / "fixtures" / "recorded"
+                                                  / "aa_split.py")
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    manifest, levels, requests = aa.aa_run(8)
+    stalled = levels.index[(levels["arm"] == "baseline") & (levels["concurrency"] == 4)][2]
+    levels.loc[stalled, "output_throughput"] *= 0.3
+    manifest["scenario"]["gate"] = {"primary": ["output_throughput"], "estimator": "exclude-stalls"}
+    result = gate.run_gate(aa.write_run(tmp_path / "run", manifest, levels, requests, None))
+    document = json.loads((result.run_dir / gate.VERDICT).read_text())
+    row = {"arm": "baseline", "concurrency": 4, "round": int(levels.loc[stalled, "round"])}
+    assert [{k: s[k] for k in row} for s in document["stalls"] if s["excluded"]] == [row]
+    assert "1 stalled round(s) flagged" in (result.run_dir / gate.SUMMARY).read_text()
