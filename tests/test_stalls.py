@@ -51,7 +51,7 @@ def _cell(levels, estimator, excluded=frozenset()):
     policy = GatePolicy(primary=("output_throughput",), require_attestation=False, estimator=estimator)
     report = check_validity(_manifest(), levels, pd.DataFrame(columns=REQUEST_COLUMNS), policy)
     (cell,) = build_cells(_manifest(), levels, pd.DataFrame(columns=REQUEST_COLUMNS), None, policy, report,
-                          diagnostics=False, excluded=frozenset(excluded))
+                          diagnostics=False, excluded={key: "stalled" for key in excluded})
     return cell
 
 
@@ -67,7 +67,7 @@ def test_a_far_round_and_a_steal_round_are_flagged_and_nothing_else():
     by_key = {s.key: s for s in found}
     assert "modified z-score -" in by_key[STALLED].reason and by_key[STALLED].session == 2
     assert "modified z-score +" in by_key[FAST].reason
-    assert by_key[STOLEN].reason == "host steal 25.0 % > 10 %"
+    assert by_key[STOLEN].reason == "host CPU steal time was 25.0 % (> 10 %)"
     assert all(s.excluded for s in found)
 
 
@@ -90,7 +90,7 @@ def test_steal_invalidates_the_level_under_mean_and_is_excluded_otherwise():
     assert result.primary[0].status != Status.INVALID
     assert {s.key for s in result.stalls if s.excluded} == {STALLED, STOLEN, FAST}
     note = next(n for n in result.notes if "stalled round" in n)
-    assert "excluded from the cells" in note and "candidate c=1 r14 (session 3): host steal 25.0 %" in note
+    assert "excluded from the cells" in note and "candidate c=1 r14 (session 3): host CPU steal time was 25.0 %" in note
 
 
 def test_excluded_rounds_leave_the_session_mean():
@@ -138,16 +138,51 @@ def test_a_bad_estimator_is_a_one_line_error(tmp_path):
     assert "\n" not in str(error.value)
 
 
-def test_the_default_keeps_every_round_on_the_recorded_sessions():
-    """Old run directories judge as before: on the real recording (which holds flagged rounds) the default's session
-    figure is the plain mean of every round, computed here from levels.csv alone."""
+def test_every_session_flagged_makes_the_cell_invalid_naming_why():
+    levels = _levels(steal=False)
+    levels.loc[levels["arm"] == "candidate", "host_steal_fraction"] = 0.3
+    (cell,) = _evaluate(levels, "median").primary
+    assert cell.status == Status.INVALID
+    assert "were flagged as stalled and excluded" in cell.note()
+    assert "host CPU steal time was 30.0 % (> 10 %)" in cell.note()
+
+
+def _aa_module():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("aa_split", Path(__file__).parent / "fixtures" / "recorded"
+                                                  / "aa_split.py")
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    return aa
+
+
+def _recording():
     from harness.rundir.store import RunDir
 
     store = RunDir("tests/fixtures/recorded/real-sessions")
-    manifest, levels = store.manifest(), store.levels(numeric=True)
-    requests = store.requests(numeric=True)
-    policy = GatePolicy(primary=("output_throughput",), require_attestation=False)
-    assert policy.estimator == "mean"
+    return store.manifest(), store.levels(numeric=True), store.requests(numeric=True)
+
+
+@pytest.mark.parametrize("effect", [{}, {"throughput_factor": 0.95}])
+def test_committed_fixtures_judge_the_same_with_the_default_as_with_the_mean(effect):
+    aa = _aa_module()
+    runs = [aa.typed(aa.aa_run(8, **effect)), _recording()]
+    for manifest, levels, requests in runs:
+        verdicts = [verdict.evaluate(manifest, levels, requests, None,
+                                     GatePolicy(primary=("output_throughput", "mean_tpot_ms"), **fields),
+                                     diagnostics=False)
+                    for fields in ({}, {"estimator": "mean"})]
+        assert verdicts[0].status == verdicts[1].status
+        assert [c.status for c in verdicts[0].primary] == [c.status for c in verdicts[1].primary]
+
+
+def test_the_mean_keeps_every_round_on_the_recorded_sessions():
+    """The estimator of run directories judged before it existed: on the real recording (which holds flagged rounds)
+    the session figure is the plain mean of every round, computed here from levels.csv alone."""
+    manifest, levels, requests = _recording()
+    policy = GatePolicy(primary=("output_throughput",), require_attestation=False, estimator="mean")
     result = verdict.evaluate(manifest, levels, requests, None, policy, diagnostics=False)
     assert result.stalls and not any(s.excluded for s in result.stalls)
     report = check_validity(manifest, levels, requests, policy)
@@ -160,16 +195,11 @@ def test_the_default_keeps_every_round_on_the_recorded_sessions():
 
 
 def test_the_gate_writes_the_flagged_rounds_into_verdict_json_and_summary(tmp_path):
-    import importlib.util
     import json
-    from pathlib import Path
 
     from harness import gate
 
-    spec = importlib.util.spec_from_file_location("aa_split", Path(__file__).parent / "fixtures" / "recorded"
-                                                  / "aa_split.py")
-    aa = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(aa)
+    aa = _aa_module()
     manifest, levels, requests = aa.aa_run(8)
     stalled = levels.index[(levels["arm"] == "baseline") & (levels["concurrency"] == 4)][2]
     levels.loc[stalled, "output_throughput"] *= 0.3

@@ -4,6 +4,7 @@ paired values of both arms over the rounds valid in both, or why the cell is INV
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -60,12 +61,12 @@ def _spec_rate(row) -> float | None:
 
 def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
                 validity: ValidityReport, *, diagnostics: bool = True,
-                excluded: frozenset[tuple[str, int, int]] = frozenset()) -> list[CellInput]:
+                excluded: Mapping[tuple[str, int, int], str] | None = None) -> list[CellInput]:
     """The primary cells (every primary metric × every policy level, plus GSM8K) and, optionally, diagnostic ones.
 
-    A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``(arm, concurrency, round)``
-    (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's rounds
-    are located by ``policy.estimator``. Missing data (no levels.csv column, no requests.csv rows, no
+    A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``{(arm, concurrency, round):
+    why}`` (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's
+    rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID. Missing data (no levels.csv column, no requests.csv rows, no
     accuracy.csv, no MTP counters) makes a primary cell INVALID with a reason naming the file and the fix.
     """
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
@@ -90,7 +91,7 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
             continue
         for level in wanted_levels:
             cells.append(_level_cell(spec, level, primary, validity, level_rows, request_groups, levels, policy,
-                                     base, cand, excluded))
+                                     base, cand, excluded or {}))
     return cells
 
 
@@ -101,7 +102,7 @@ def _has_spec_data(levels) -> bool:
 
 def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
                 levels, policy: GatePolicy, base: str, cand: str,
-                excluded: frozenset[tuple[str, int, int]] = frozenset()) -> CellInput:
+                excluded: Mapping[tuple[str, int, int], str]) -> CellInput:
     reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
@@ -144,12 +145,21 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
                          tuple(values[cand][i] for i in both), tuple(common[i] for i in both), primary=primary,
                          notes=("levels.csv records no session: each round is taken as its own session",))
     units = sorted(set(sessions[base][i] for i in kept[base]) & set(sessions[cand][i] for i in kept[cand]))
+    lost = len(set(sessions[base]) & set(sessions[cand])) - len(units)
+    if lost and not units:
+        why = list(dict.fromkeys(excluded[(arm, level, r)] for arm in (base, cand) for r in common
+                                 if (arm, level, r) in excluded))
+        shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
+        return CellInput(spec.name, level, invalid=(f"every session's rounds at c={level} were flagged as stalled "
+                                                    f"and excluded ({'; '.join(why[:2])})",),
+                         primary=primary, shown=shown)
+    notes = (f"{lost} session(s) left out: every round of theirs at c={level} was flagged as stalled",) if lost else ()
     one_session = len(set(sessions[base])) == 1 and len(set(sessions[cand])) == 1 and len(common) > 1
     grouped = {arm: tuple(_session_values(spec, [values[arm][i] for i in kept[arm]],
                                           [sessions[arm][i] for i in kept[arm]], unit, policy.estimator)
                           for unit in units) for arm in (base, cand)}
     return CellInput(spec.name, level, grouped[base], grouped[cand], tuple(units), primary=primary,
-                     one_session=one_session)
+                     one_session=one_session, notes=notes)
 
 
 def _session_of(row) -> int | None:

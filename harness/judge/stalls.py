@@ -108,7 +108,7 @@ def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
             for r, share in zip(frame["round"], steal):
                 if math.isfinite(share) and share > max_steal_fraction:
                     reasons.setdefault(int(r), []).append(
-                        f"host steal {100 * share:.1f} % > {100 * max_steal_fraction:g} %")
+                        f"host CPU steal time was {100 * share:.1f} % (> {100 * max_steal_fraction:g} %)")
         if STALL_COLUMN in frame.columns:
             value = frame[STALL_COLUMN].astype(float)
             ok = np.isfinite(value) & (value > 0)

@@ -411,7 +411,7 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     validity = check_validity(manifest, levels, requests, policy)
     flagged = stalls.find_stalls(levels, max_steal_fraction=policy.max_steal_fraction, estimator=policy.estimator,
                                  rounds=validity.done)
-    excluded = frozenset(s.key for s in flagged if s.excluded)
+    excluded = {s.key: s.reason for s in flagged if s.excluded}
     cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics,
                         excluded=excluded)
     look = sequential.look_of(policy, levels)
