@@ -1,4 +1,4 @@
-"""harness.judge.stalls: stalled rounds flagged by a rule fixed in advance, the [gate] estimator, the verdict's record."""
+"""harness.judge.stalls: stalled rounds flagged by a fixed rule, the [gate] estimator, the verdict's record."""
 
 import numpy as np
 import pandas as pd

@@ -66,8 +66,9 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
 
     A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``{(arm, concurrency, round):
     why}`` (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's
-    rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID. Missing data (no levels.csv column, no requests.csv rows, no
-    accuracy.csv, no MTP counters) makes a primary cell INVALID with a reason naming the file and the fix.
+    rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID.
+    Missing data (no levels.csv column, no requests.csv rows, no accuracy.csv, no MTP counters) makes a primary cell
+    INVALID with a reason naming the file and the fix.
     """
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
     wanted_levels = policy.levels if policy.levels is not None else validity.levels

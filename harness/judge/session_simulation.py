@@ -341,8 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             aa = simulate(pool, judged, seed=args.seed, **draw)
             loss = simulate(pool, judged, seed=args.seed + 1, throughput_factor=1.0 - args.loss, **draw)
             print(f"| {estimator} | {n} | {args.sims} ({args.draw} draws, {args.order} block order) | A/A FAIL "
-                  f"{_pct(aa.rate('FAIL'), aa.interval('FAIL'))} | A/A PASS {_pct(aa.rate('PASS'), aa.interval('PASS'))} "
-                  f"| {100 * args.loss:g} % loss FAIL {_pct(loss.rate('FAIL'), loss.interval('FAIL'))} |")
+                  f"{_pct(aa.rate('FAIL'), aa.interval('FAIL'))} | A/A PASS "
+                  f"{_pct(aa.rate('PASS'), aa.interval('PASS'))} | {100 * args.loss:g} % loss FAIL "
+                  f"{_pct(loss.rate('FAIL'), loss.interval('FAIL'))} |")
             print(f"    A/A verdicts {aa.counts}; FAIL per cell {aa.cell_fails or '{}'}")
             print(f"    loss verdicts {loss.counts}; FAIL per cell {loss.cell_fails}")
     print("exact Wilcoxon signed-rank, smallest one-sided p at n pairs (every difference one sign): "

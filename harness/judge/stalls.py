@@ -20,8 +20,9 @@ judge never re-runs a round (the run is over when it judges; a re-run is the run
   level INVALID (:mod:`harness.judge.validity`).
 - ``"exclude-stalls"``: the same mean over the session's rounds that are not flagged; a round above the steal limit is
   excluded instead of invalidating its level.
-- ``"median"``: the median round(s) of the session's unflagged rounds, ranked by the metric's round figure (the middle
-  one, or the middle two averaged / their requests pooled): a breakdown point of 50 % within the session.
+- ``"median"`` (the default, chosen by that simulation): the median round(s) of the session's unflagged rounds,
+  ranked by the metric's round figure (the middle one, or the middle two averaged / their requests pooled): a
+  breakdown point of 50 % within the session.
 
 The verdict lists every flagged round, why, and whether it was excluded. The error rates of each estimator are
 measured by :mod:`harness.judge.session_simulation` on recorded sessions.
