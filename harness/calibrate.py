@@ -87,7 +87,8 @@ def _figures(run_dir: Path) -> dict[str, Any]:
     level = float(policy.get("alpha", 0.05)) / max(len(policy.get("primary") or [1]), 1)
     margin = float((policy.get("margins") or {}).get("output_throughput", -3.0))
     spreads = []
-    for row in paired_spread(store.levels(numeric=True)):
+    for row in paired_spread(store.levels(numeric=True), estimator=str(policy.get("estimator", "mean")),
+                             max_steal_fraction=float(policy.get("max_steal_fraction", 0.10))):
         entry = {"concurrency": row.concurrency, "pairs": row.pairs, "sd": row.sd, "sd_upper": row.upper}
         if row.pairs >= 2:
             entry["detectable_loss_pct"] = detectable_loss(row.sd, row.pairs, margin, level)

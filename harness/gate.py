@@ -36,6 +36,7 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
                    wall_per_block_s, cost_s, minutes_to_1pct_se, blocks_3pct, blocks_3pct_upper, minutes_3pct}
            # this run's paired spread of output throughput per session block and its cost per decision
            # (harness.judge.design_costs.run_noise; an A/B's spread estimates the noise as well as an A/A's)
+    stalls [{arm, concurrency, round, session, reason, excluded}]   # flagged rounds (harness.judge.stalls)
 """
 
 from __future__ import annotations
@@ -289,6 +290,7 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
                      "not_checked": verdict.validity.not_checked if verdict else []},
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,
         "noise": _noise(result),
+        "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
     }
 
 

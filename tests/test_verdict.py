@@ -234,7 +234,6 @@ INVALIDATIONS = {
     "vLLM max concurrency": (lambda run: _mutate_levels(run, "max_concurrent_requests", 1), "max_concurrent"),
     "timeline concurrency": (_serial_client, "achieved concurrency"),
     "client saturated": (lambda run: _mutate_levels(run, "client_cpu_util", 0.99), "client"),
-    "host steal": (lambda run: _mutate_levels(run, "host_steal_fraction", 0.25), "steal time was 25.0 %"),
     "output length": (_short_outputs, "--ignore-eos"),
     "path mismatch": (_attestation(False), "observed path differs"),
     "not attested": (_attestation(None), "not attested"),
@@ -275,6 +274,17 @@ def test_missing_primary_data_is_invalid_never_pass(run8):
     assert by_metric["acceptance_length"].status == Status.INVALID
     assert "MTP" in by_metric["acceptance_length"].note()
     assert result.status == Status.INVALID
+
+
+def test_heavy_steal_invalidates_the_level_under_the_mean_and_is_excluded_under_a_robust_estimator(run8):
+    stolen = _mutate_levels(run8, "host_steal_fraction", 0.25)
+    mean = _evaluate(stolen, PERF.model_copy(update={"estimator": "mean"}))
+    bad = [c for c in mean.primary if c.status == Status.INVALID]
+    assert bad and all(c.level == 4 for c in bad) and all("steal time was 25.0 %" in c.note() for c in bad)
+    robust = _evaluate(stolen, PERF.model_copy(update={"estimator": "median"}))
+    assert not [c for c in robust.primary if c.status == Status.INVALID]
+    assert [(s.arm, s.concurrency, s.round, s.excluded) for s in robust.stalls
+            if "steal" in s.reason] == [("candidate", 4, 2, True)]
 
 
 def test_light_steal_is_recorded_not_judged_and_absent_steal_is_said(run8):

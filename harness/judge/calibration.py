@@ -3,7 +3,8 @@ detect there (``dsa-bench calibrate``).
 
 Unit: the server session pair. Per level ``c`` and session index ``s`` present in both arms,
 ``d_s = mean_r log x(candidate, s, r) − mean_r log x(baseline, s, r)`` (``x`` the metric of round ``r``, rounds of a
-session averaged as :mod:`harness.judge.cells` does); the spread is ``sd(d)`` on ``n − 1`` degrees of freedom, with a
+session averaged as :mod:`harness.judge.cells` does; ``median_r`` of the unflagged rounds under the robust estimators of
+:mod:`harness.judge.stalls`); the spread is ``sd(d)`` on ``n − 1`` degrees of freedom, with a
 one-sided 95 % upper bound ``sd · sqrt((n − 1) / χ²_{0.05, n−1})``.
 
 Smallest detectable loss (paired one-sample t, normal-theory power; Julious 2004, *Stat Med* 23:1921, eq. for
@@ -24,6 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import chi2, t as student_t
 
+from harness.judge.stalls import excludes, find_stalls
+
 __all__ = ["Spread", "paired_spread", "detectable_loss"]
 
 
@@ -39,13 +42,24 @@ class Spread:
 
 
 def paired_spread(levels: pd.DataFrame, column: str = "output_throughput", *,
-                  baseline: str = "baseline", candidate: str = "candidate") -> list[Spread]:
-    """:class:`Spread` of ``column`` at every level of a run's ``levels.csv`` rows (needs ``session``)."""
+                  baseline: str = "baseline", candidate: str = "candidate", estimator: str = "mean",
+                  max_steal_fraction: float = 0.10) -> list[Spread]:
+    """:class:`Spread` of ``column`` at every level of a run's ``levels.csv`` rows (needs ``session``).
+
+    ``estimator`` (the ``[gate] estimator`` rule, :mod:`harness.judge.stalls`): ``"mean"`` averages a session's log
+    round figures; ``"exclude-stalls"`` first drops the rounds :func:`~harness.judge.stalls.find_stalls` flags (steal
+    above ``max_steal_fraction``, or a modified z-score beyond ±3.5); ``"median"`` drops them and takes the median."""
     rows = levels.dropna(subset=["session", column])
     rows = rows[rows[column] > 0]
+    if excludes(estimator):
+        flagged = {s.key for s in find_stalls(rows, max_steal_fraction=max_steal_fraction, estimator=estimator)}
+        keys = zip(rows["arm"].astype(str), rows["concurrency"].astype(int), rows["round"].astype(int))
+        rows = rows[[key not in flagged for key in keys]]
+    location = "median" if estimator == "median" else "mean"
     out = []
     for level, frame in rows.groupby("concurrency"):
-        means = frame.assign(log=np.log(frame[column].astype(float))).groupby(["arm", "session"])["log"].mean()
+        logs = frame.assign(log=np.log(frame[column].astype(float)))
+        means = logs.groupby(["arm", "session"])["log"].agg(location)
         base, cand = means.get(baseline), means.get(candidate)
         common = sorted(set(base.index) & set(cand.index)) if base is not None and cand is not None else []
         d = np.array([cand[s] - base[s] for s in common])

@@ -4,11 +4,13 @@ paired values of both arms over the rounds valid in both, or why the cell is INV
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
 from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
+from harness.judge.stalls import location_rounds
 from harness.judge.validity import ValidityReport
 from harness.metrics import SERVER_SIDE, succeeded
 from harness.rundir.schema import Manifest
@@ -58,11 +60,15 @@ def _spec_rate(row) -> float | None:
 
 
 def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
-                validity: ValidityReport, *, diagnostics: bool = True) -> list[CellInput]:
+                validity: ValidityReport, *, diagnostics: bool = True,
+                excluded: Mapping[tuple[str, int, int], str] | None = None) -> list[CellInput]:
     """The primary cells (every primary metric × every policy level, plus GSM8K) and, optionally, diagnostic ones.
 
-    A cell uses the repeats that are valid in both arms. Missing data (no levels.csv column, no requests.csv rows, no
-    accuracy.csv, no MTP counters) makes a primary cell INVALID with a reason naming the file and the fix.
+    A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``{(arm, concurrency, round):
+    why}`` (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's
+    rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID.
+    Missing data (no levels.csv column, no requests.csv rows, no accuracy.csv, no MTP counters) makes a primary cell
+    INVALID with a reason naming the file and the fix.
     """
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
     wanted_levels = policy.levels if policy.levels is not None else validity.levels
@@ -86,7 +92,7 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
             continue
         for level in wanted_levels:
             cells.append(_level_cell(spec, level, primary, validity, level_rows, request_groups, levels, policy,
-                                     base, cand))
+                                     base, cand, excluded or {}))
     return cells
 
 
@@ -106,7 +112,8 @@ def _has_spec_data(levels) -> bool:
 
 
 def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
-                levels, policy: GatePolicy, base: str, cand: str) -> CellInput:
+                levels, policy: GatePolicy, base: str, cand: str,
+                excluded: Mapping[tuple[str, int, int], str]) -> CellInput:
     reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
@@ -144,16 +151,29 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if reasons:
         shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
         return CellInput(spec.name, level, invalid=tuple(reasons), primary=primary, shown=shown)
+    kept = {arm: [i for i, r in enumerate(common) if (arm, level, r) not in excluded] for arm in (base, cand)}
     sessions = {arm: [_session_of(level_rows[(arm, level, r)]) for r in common] for arm in (base, cand)}
     if any(s is None for arm in sessions for s in sessions[arm]):
-        return CellInput(spec.name, level, tuple(values[base]), tuple(values[cand]), tuple(common), primary=primary,
+        both = [i for i in kept[base] if i in kept[cand]]
+        return CellInput(spec.name, level, tuple(values[base][i] for i in both),
+                         tuple(values[cand][i] for i in both), tuple(common[i] for i in both), primary=primary,
                          notes=("levels.csv records no session: each round is taken as its own session",))
-    units = sorted(set(sessions[base]) & set(sessions[cand]))
+    units = sorted(set(sessions[base][i] for i in kept[base]) & set(sessions[cand][i] for i in kept[cand]))
+    lost = len(set(sessions[base]) & set(sessions[cand])) - len(units)
+    if lost and not units:
+        why = list(dict.fromkeys(excluded[(arm, level, r)] for arm in (base, cand) for r in common
+                                 if (arm, level, r) in excluded))
+        shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
+        return CellInput(spec.name, level, invalid=(f"every session's rounds at c={level} were flagged as stalled "
+                                                    f"and excluded ({'; '.join(why[:2])})",),
+                         primary=primary, shown=shown)
+    notes = (f"{lost} session(s) left out: every round of theirs at c={level} was flagged as stalled",) if lost else ()
     one_session = len(set(sessions[base])) == 1 and len(set(sessions[cand])) == 1 and len(common) > 1
-    grouped = {arm: tuple(_session_values(spec, values[arm], sessions[arm], unit) for unit in units)
-               for arm in (base, cand)}
+    grouped = {arm: tuple(_session_values(spec, [values[arm][i] for i in kept[arm]],
+                                          [sessions[arm][i] for i in kept[arm]], unit, policy.estimator)
+                          for unit in units) for arm in (base, cand)}
     return CellInput(spec.name, level, grouped[base], grouped[cand], tuple(units), primary=primary,
-                     one_session=one_session)
+                     one_session=one_session, notes=notes)
 
 
 def _session_of(row) -> int | None:
@@ -161,9 +181,15 @@ def _session_of(row) -> int | None:
     return None if value is None else int(value)
 
 
-def _session_values(spec: Metric, values: list[np.ndarray], sessions: list[int], unit: int) -> np.ndarray:
-    """One session's values: its rounds' requests pooled (request metrics), or its rounds' figures averaged."""
+def _session_values(spec: Metric, values: list[np.ndarray], sessions: list[int], unit: int,
+                    estimator: str = "mean") -> np.ndarray:
+    """One session's values: its located rounds' requests pooled (request metrics), or their figures averaged.
+
+    The located rounds are all of the session's, or under ``estimator = "median"`` the middle one or two ranked by
+    the round's figure of the metric (:func:`harness.judge.stalls.location_rounds`)."""
     mine = [v for v, s in zip(values, sessions) if s == unit]
+    if estimator == "median":
+        mine = [mine[i] for i in location_rounds([stats.statistic_of([v], spec.statistic) for v in mine], estimator)]
     pooled = np.concatenate(mine)
     return pooled if spec.source == "request" else np.array([pooled.mean()])
 

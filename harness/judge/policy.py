@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, Metric
+from harness.judge.stalls import Estimator
 from harness.rundir.schema import SEVERITY, Status
 
 __all__ = ["Status", "SEVERITY", "Metric", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
@@ -57,6 +58,7 @@ class GatePolicy(BaseModel):
         levels = [1, 8]              # default: every level of the run
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
         max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
+        estimator = "mean"           # within-session location of rounds: "mean", "exclude-stalls" or "median"
         [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
         output_throughput = -3.0
         mean_tpot_ms = 3.0
@@ -84,8 +86,8 @@ class GatePolicy(BaseModel):
     pulls mean TPOT down by ≈ ``s``: above the 3 % mean-TPOT margin the burst alone could flip a verdict, so the
     default is that margin (3 %)."""
     max_steal_fraction: float = Field(0.10, ge=0.0, le=1.0)
-    """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the level's cells
-    are INVALID. 10 % is the common cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time":
+    """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the round is
+    excluded as stalled (under ``estimator = "mean"``: before the level's cells are INVALID). 10 % is the common cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time":
     sustained steal above 10 % means the VM runs slower than it should); it is also over three times the 3 %
     throughput margin, so steal alone could decide a cell."""
     require_attestation: bool = True
@@ -98,6 +100,12 @@ class GatePolicy(BaseModel):
     design, one look after ``workload.repeats`` sessions."""
     spending: Literal["pocock", "obrien-fleming"] = "pocock"
     """The α-spending function of a sequential run (Lan & DeMets 1983)."""
+    estimator: Estimator = "median"
+    """The within-session location of rounds and what happens to stalled rounds (:mod:`harness.judge.stalls`):
+    ``"mean"`` (every valid round; flagged rounds are reported and kept), ``"exclude-stalls"`` (the mean of the
+    unflagged rounds) or ``"median"`` (the median of the unflagged rounds; the default: on the recorded sessions it
+    raised the power against a 10 % loss at 8 sessions from 17.5 % to 22.8 % with the A/A false-FAIL's upper bound
+    below 5 % at 4 and 8 sessions; README, Statistics, "Stalled rounds")."""
 
     @model_validator(mode="before")
     @classmethod

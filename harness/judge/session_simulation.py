@@ -26,7 +26,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from harness.judge.calibration import paired_spread
 from harness.judge.planning import baseline_first
+from harness.judge.stalls import ESTIMATORS
 from harness.judge.policy import GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
 from harness.rundir.schema import LevelKey, Manifest
@@ -304,10 +306,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="block order of the simulated runs (workload.block_order)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resamples", type=int, default=200, help="bootstrap resamples per cell")
+    parser.add_argument("--estimators", default="mean",
+                        help=f"[gate] estimators to compare (comma-separated, of {', '.join(ESTIMATORS)})")
     args = parser.parse_args(argv)
+    estimators = [e for e in args.estimators.split(",") if e]
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown:
+        parser.error(f"unknown estimator(s) {unknown}; choose from {', '.join(ESTIMATORS)}")
     store = RunDir(args.recording)
     pool = session_pool(store.manifest(), store.levels(numeric=True), store.requests(numeric=True))
-    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms"), bootstrap_resamples=args.resamples)
+    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms"), bootstrap_resamples=args.resamples,
+                        estimator=estimators[0])
     print(f"recording {args.recording}: {len(pool.sessions)} complete sessions × {pool.rounds_per_session} rounds, "
           f"levels {list(pool.concurrency)}; policy {policy.describe()}")
     print("log output throughput: level, sessions, within-session sd (df), sd of session means, between-session sd, "
@@ -318,19 +327,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     sd, df = pooled_pair_spread(pool)
     print(f"  levels pooled (the pooled hypothesis' unit): paired-block sd {sd:.3f} on {df} df "
           f"[95 % upper bound {_upper_sd(sd, df):.3f}]")
-    for n in (int(x) for x in args.sessions.split(",")):
-        if 2 * n > len(pool.sessions):
-            print(f"n={n}: needs {2 * n} sessions, the pool holds {len(pool.sessions)}; skipped")
-            continue
-        draw = dict(sessions=n, n_sims=args.sims, contiguous=args.draw == "contiguous", order=args.order)
-        aa = simulate(pool, policy, seed=args.seed, **draw)
-        loss = simulate(pool, policy, seed=args.seed + 1, throughput_factor=1.0 - args.loss, **draw)
-        print(f"n={n} sessions per arm, {args.sims} runs ({args.draw} draws, {args.order} block order): A/A FAIL {_pct(aa.rate('FAIL'), aa.interval('FAIL'))}, "
-              f"A/A PASS {_pct(aa.rate('PASS'), aa.interval('PASS'))}; {100 * args.loss:g} % loss FAIL "
-              f"{_pct(loss.rate('FAIL'), loss.interval('FAIL'))}")
-        print(f"    A/A verdicts {aa.counts}; FAIL per cell {aa.cell_fails or '{}'}")
-        print(f"    loss verdicts {loss.counts}; FAIL per cell {loss.cell_fails}")
+    for estimator in estimators:
+        spreads = paired_spread(store.levels(numeric=True), estimator=estimator)
+        print(f"estimator {estimator!r}: paired session spread of log output throughput over the recording's "
+              "arm-labelled pairs: " + ", ".join(f"c={x.concurrency} {x.sd:.3f} [{x.upper:.3f}] ({x.pairs} pairs)"
+                                                  for x in spreads))
+        judged = policy.model_copy(update={"estimator": estimator})
+        for n in (int(x) for x in args.sessions.split(",")):
+            if 2 * n > len(pool.sessions):
+                print(f"n={n}: needs {2 * n} sessions, the pool holds {len(pool.sessions)}; skipped")
+                continue
+            draw = dict(sessions=n, n_sims=args.sims, contiguous=args.draw == "contiguous", order=args.order)
+            aa = simulate(pool, judged, seed=args.seed, **draw)
+            loss = simulate(pool, judged, seed=args.seed + 1, throughput_factor=1.0 - args.loss, **draw)
+            print(f"| {estimator} | {n} | {args.sims} ({args.draw} draws, {args.order} block order) | A/A FAIL "
+                  f"{_pct(aa.rate('FAIL'), aa.interval('FAIL'))} | A/A PASS "
+                  f"{_pct(aa.rate('PASS'), aa.interval('PASS'))} | {100 * args.loss:g} % loss FAIL "
+                  f"{_pct(loss.rate('FAIL'), loss.interval('FAIL'))} |")
+            print(f"    A/A verdicts {aa.counts}; FAIL per cell {aa.cell_fails or '{}'}")
+            print(f"    loss verdicts {loss.counts}; FAIL per cell {loss.cell_fails}")
+    print("exact Wilcoxon signed-rank, smallest one-sided p at n pairs (every difference one sign): "
+          + ", ".join(f"n={n} {p:.4f}" for n, p in wilcoxon_floor(range(3, 9))))
     return 0
+
+
+def wilcoxon_floor(pairs: Sequence[int]) -> list[tuple[int, float]]:
+    """The smallest one-sided p-value scipy's exact Wilcoxon signed-rank test can give at each ``n`` (all ``n``
+    differences of one sign: ``2**-n``): below the level a cell is tested at it can never reject."""
+    from scipy.stats import wilcoxon
+
+    return [(n, float(wilcoxon(np.arange(1.0, n + 1), alternative="greater", method="exact").pvalue))
+            for n in pairs]
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from harness.judge.policy import GatePolicy
+from harness.judge.stalls import excludes
 from harness.metrics import achieved_concurrency, succeeded
 from harness.rundir.schema import STOPPED, ArmRecord, Manifest
 from harness.rundir.store import finite_float
@@ -129,8 +130,8 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     with levels.csv counts. Per arm and level, latency cells only: coalesced streams above
     ``max_coalesced_fraction`` (:func:`coalesced_share`). Per arm: the observed path differs from the intended one
     (attestation), or, with ``require_attestation``, was not attested. Per arm and level: the host's CPU steal
-    share over the level above ``max_steal_fraction`` (not checked where ``host_steal_fraction`` is not recorded;
-    the load average is recorded and shown, never judged: on a shared host it is the benchmark's own load too).
+    share over the level above ``max_steal_fraction`` under ``estimator = "mean"`` (other estimators exclude such a
+    round instead: :mod:`harness.judge.stalls`; not checked where ``host_steal_fraction`` is not recorded; the load average is recorded and shown, never judged: on a shared host it is the benchmark's own load too).
     """
     report = ValidityReport(arms=arm_names(manifest))
     concurrency = manifest.scenario_value("workload", "concurrency")
@@ -330,7 +331,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
                     f"benchmark client used {100 * cpu:.0f} % of a core (≥ {100 * policy.max_client_cpu_util:g} %): "
                     "the client, not the server, may be the bottleneck")
     steal = finite_float(row.get("host_steal_fraction"))
-    if steal is not None and steal > policy.max_steal_fraction:
+    if steal is not None and steal > policy.max_steal_fraction and not excludes(policy.estimator):
         report.fail(arm, level, repeat, "host_steal",
                     f"the host's CPU steal time was {100 * steal:.1f} % of its CPU time during the level (> "
                     f"{100 * policy.max_steal_fraction:g} %): other guests of the hypervisor, not the server, set the "

@@ -28,9 +28,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from harness.judge import design_costs, planning, sequential, stats
+from harness.judge import design_costs, planning, sequential, stalls, stats
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
+from harness.judge.stalls import Stall
 from harness.judge.validity import ValidityReport, check_validity
 from harness.rundir.schema import Manifest
 
@@ -389,6 +390,8 @@ class Verdict:
     validity: ValidityReport
     policy: GatePolicy
     notes: list[str] = field(default_factory=list)
+    stalls: list[Stall] = field(default_factory=list)
+    """Rounds flagged as stalled (:func:`harness.judge.stalls.find_stalls`), each saying whether it was excluded."""
 
     @property
     def primary(self) -> list[CellResult]:
@@ -406,16 +409,23 @@ class Verdict:
 
 def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy, *,
              diagnostics: bool = True) -> Verdict:
-    """Validity checks, cells, decisions and the overall verdict of one run (pure).
+    """Validity checks, stalled rounds, cells, decisions and the overall verdict of one run (pure).
 
     A sequential policy (``max_sessions`` set) tests the session-replicated cells at the α of the look the data is at
     (:func:`harness.judge.sequential.look_of`)."""
     validity = check_validity(manifest, levels, requests, policy)
-    cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics)
+    flagged = stalls.find_stalls(levels, max_steal_fraction=policy.max_steal_fraction, estimator=policy.estimator,
+                                 rounds=validity.done)
+    excluded = {s.key: s.reason for s in flagged if s.excluded}
+    cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics,
+                        excluded=excluded)
     look = sequential.look_of(policy, levels)
     results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
     status, reason = overall(results, design_costs.block_wall_s(manifest)[0])
     notes = [] if look is None else [look.describe()]
+    stall_note = stalls.describe(flagged, policy.estimator)
+    if stall_note:
+        notes.append(stall_note)
     check = manifest.aa_check
     if check is not None:
         notes.append(f"A/A check across the placements before this run: {check.overall} ({check.run_dir})"
@@ -427,4 +437,4 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")
     notes += [f"not checked — {n}" for n in validity.not_checked]
-    return Verdict(status, reason, results, validity, policy, notes)
+    return Verdict(status, reason, results, validity, policy, notes, flagged)

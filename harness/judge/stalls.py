@@ -1,0 +1,152 @@
+"""Stalled rounds and the within-session location of rounds (the ``[gate] estimator`` rule, fixed before the data).
+
+A *round* is one ``levels.csv`` row (arm, concurrency, round). It is flagged as stalled (:func:`find_stalls`) when
+
+- its host CPU steal share (``host_steal_fraction``, stolen / all ``/proc/stat`` ticks over the level) exceeds the
+  policy's ``max_steal_fraction``, or
+- its log output throughput is far outside the robust spread of the rounds of the same arm and level in the run:
+  the modified z-score ``M = 0.6745 (x − median(x)) / MAD(x)`` (``x`` the log throughputs of those rounds, MAD the
+  median absolute deviation; 0.6745 = Φ⁻¹(0.75) makes MAD estimate σ under normality) exceeds
+  :data:`MODIFIED_Z_LIMIT` = 3.5 in absolute value (Iglewicz & Hoaglin 1993, *How to Detect and Handle Outliers*,
+  ASQC Basic References in Quality Control 16, §3.2: "modified Z-scores with an absolute value of greater than 3.5 be
+  labeled as potential outliers"). Only with at least :data:`MIN_ROUNDS_FOR_Z` rounds (a MAD of fewer is no spread
+  estimate) and a MAD above zero (copied values).
+
+What happens to a flagged round is the estimator's (:data:`ESTIMATORS`), chosen in advance in the policy; the
+judge never re-runs a round (the run is over when it judges; a re-run is the runner's business):
+
+- ``"mean"``: every valid round, equal weight — the session's figure is the mean of its rounds' figures (a request
+  metric pools its rounds' requests). Flagged rounds are reported and kept; a round above the steal limit makes its
+  level INVALID (:mod:`harness.judge.validity`).
+- ``"exclude-stalls"``: the same mean over the session's rounds that are not flagged; a round above the steal limit is
+  excluded instead of invalidating its level.
+- ``"median"`` (the default, chosen by that simulation): the median round(s) of the session's unflagged rounds,
+  ranked by the metric's round figure (the middle one, or the middle two averaged / their requests pooled): a
+  breakdown point of 50 % within the session.
+
+The verdict lists every flagged round, why, and whether it was excluded. The error rates of each estimator are
+measured by :mod:`harness.judge.session_simulation` on recorded sessions.
+
+Pure: frames in, records out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+__all__ = ["ESTIMATORS", "Estimator", "MODIFIED_Z_LIMIT", "MIN_ROUNDS_FOR_Z", "Stall", "modified_z", "find_stalls",
+           "excludes", "location_rounds", "describe"]
+
+Estimator = Literal["mean", "exclude-stalls", "median"]
+ESTIMATORS: tuple[str, ...] = ("mean", "exclude-stalls", "median")
+MODIFIED_Z_LIMIT = 3.5
+"""Iglewicz & Hoaglin (1993) §3.2's cut-off for the modified z-score."""
+MIN_ROUNDS_FOR_Z = 5
+"""Fewest rounds of one arm and level whose MAD is taken as their spread (with 4 or fewer, two equal rounds give a MAD
+near zero and any third round reads as an outlier)."""
+STALL_COLUMN = "output_throughput"
+MAX_SHOWN = 8
+"""Flagged rounds named in the verdict's note (all of them are in ``verdict.json``)."""
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One flagged round: ``arm``, ``concurrency``, ``round`` (levels.csv keys), ``session`` (None if not recorded),
+    ``reason`` (one line), ``excluded`` (whether the policy's estimator left it out of the cells)."""
+
+    arm: str
+    concurrency: int
+    round: int
+    session: int | None
+    reason: str
+    excluded: bool
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return self.arm, self.concurrency, self.round
+
+    def to_dict(self) -> dict:
+        return {"arm": self.arm, "concurrency": self.concurrency, "round": self.round, "session": self.session,
+                "reason": self.reason, "excluded": self.excluded}
+
+
+def excludes(estimator: str) -> bool:
+    """Whether ``estimator`` leaves flagged rounds out (every estimator but ``"mean"``)."""
+    return estimator != "mean"
+
+
+def modified_z(values: np.ndarray) -> np.ndarray:
+    """``0.6745 (x − median) / MAD`` per value ``(n,)``; zeros when the MAD is 0 (no spread to judge by)."""
+    x = np.asarray(values, dtype=float)
+    median = np.median(x)
+    mad = np.median(np.abs(x - median))
+    if not mad > 0:
+        return np.zeros_like(x)
+    return 0.6745 * (x - median) / mad
+
+
+def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
+                rounds: dict[tuple[str, int], set[int]] | None = None) -> list[Stall]:
+    """The flagged rounds of ``levels`` (a levels.csv frame), in (arm, concurrency, round) order.
+
+    ``rounds``: ``{(arm, concurrency): {round}}`` — only these rounds are judged and form the spread (the gate passes
+    the rounds that passed validity); None: every row."""
+    if not len(levels):
+        return []
+    rows = levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
+    out = []
+    for (arm, level), frame in rows.groupby(["arm", "concurrency"], sort=True):
+        arm, level = str(arm), int(level)
+        if rounds is not None:
+            frame = frame[frame["round"].astype(int).isin(rounds.get((arm, level), set()))]
+        reasons: dict[int, list[str]] = {}
+        if "host_steal_fraction" in frame.columns:
+            steal = frame["host_steal_fraction"].astype(float)
+            for r, share in zip(frame["round"], steal):
+                if math.isfinite(share) and share > max_steal_fraction:
+                    reasons.setdefault(int(r), []).append(
+                        f"host CPU steal time was {100 * share:.1f} % (> {100 * max_steal_fraction:g} %)")
+        if STALL_COLUMN in frame.columns:
+            value = frame[STALL_COLUMN].astype(float)
+            ok = np.isfinite(value) & (value > 0)
+            if ok.sum() >= MIN_ROUNDS_FOR_Z:
+                z = modified_z(np.log(value[ok].to_numpy()))
+                for r, score in zip(frame.loc[ok, "round"], z):
+                    if abs(score) > MODIFIED_Z_LIMIT:
+                        reasons.setdefault(int(r), []).append(
+                            f"log {STALL_COLUMN} modified z-score {score:+.1f} (|z| > {MODIFIED_Z_LIMIT:g} over "
+                            f"the arm's {int(ok.sum())} rounds at c={level})")
+        sessions = dict(zip(frame["round"].astype(int), frame["session"])) if "session" in frame.columns else {}
+        for r in sorted(reasons):
+            session = sessions.get(r)
+            session = None if session is None or not math.isfinite(float(session)) else int(session)
+            out.append(Stall(arm, level, r, session, "; ".join(reasons[r]), excludes(estimator)))
+    return out
+
+
+def location_rounds(figures: Sequence[float], estimator: str) -> list[int]:
+    """Indices of the rounds of one session (``figures[i]``: round ``i``'s figure of the metric, flagged rounds
+    already removed) that make its location: all of them, or for ``"median"`` the middle one (odd count) or two."""
+    if estimator != "median" or len(figures) <= 2:
+        return list(range(len(figures)))
+    order = np.argsort(np.asarray(figures, dtype=float), kind="stable")
+    mid = len(order) // 2
+    return sorted(int(i) for i in (order[mid - 1: mid + 1] if len(order) % 2 == 0 else order[mid: mid + 1]))
+
+
+def describe(stalls: Sequence[Stall], estimator: str) -> str | None:
+    """One note for the verdict: every flagged round and why, and what the estimator did with them; None if none."""
+    if not stalls:
+        return None
+    fate = ("excluded from the cells" if excludes(estimator)
+            else "kept (estimator = \"mean\" weighs every valid round; steal above the limit makes the level INVALID)")
+    shown = [f"{s.arm} c={s.concurrency} r{s.round}" + ("" if s.session is None else f" (session {s.session})")
+             + f": {s.reason}" for s in stalls[:MAX_SHOWN]]
+    more = f"; … and {len(stalls) - MAX_SHOWN} more (verdict.json: stalls)" if len(stalls) > MAX_SHOWN else ""
+    return (f"{len(stalls)} stalled round(s) flagged (steal above the limit, or a modified z-score beyond "
+            f"±{MODIFIED_Z_LIMIT:g}; Iglewicz & Hoaglin 1993), {fate} [estimator = \"{estimator}\"]: "
+            + "; ".join(shown) + more)
