@@ -95,3 +95,11 @@ def test_the_look_counts_the_smaller_arms_sessions():
     assert "look at 4" in look.describe()
     assert sequential.look_of(GatePolicy(), _levels({"baseline": 5, "candidate": 5})) is None
     assert sequential.paired_sessions(pd.DataFrame({"arm": ["baseline"], "concurrency": [1]})) == 0
+
+
+def test_a_look_past_the_design_says_no_alpha_is_left():
+    from harness.judge.sequential import Look, SequentialDesign
+
+    look = Look(SequentialDesign(0.05, 3, 5), sessions=7)
+    assert look.alpha == 0.0 and "past the design's last look (5)" in look.describe()
+    assert "past" not in Look(SequentialDesign(0.05, 3, 5), sessions=5).describe()

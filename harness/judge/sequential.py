@@ -133,6 +133,10 @@ class Look:
     def describe(self) -> str:
         if self.sessions < self.design.min_sessions:
             where = f"{self.sessions} session(s) per arm: before the first look ({self.design.min_sessions})"
+        elif self.sessions > self.design.max_sessions:
+            where = (f"{self.sessions} session(s) per arm: past the design's last look ({self.design.max_sessions}), "
+                     "so no α is left and no session-replicated cell can PASS or FAIL; judge the run with a "
+                     "fixed-design policy (max_sessions unset, or ≥ the sessions run)")
         else:
             where = (f"look at {self.sessions} session(s) per arm: session-replicated cells tested at "
                      f"α = {self.alpha:.4f} ({self.design.cumulative(self.sessions):.4f} of {self.design.alpha:g} "
