@@ -121,7 +121,7 @@ BAD_INPUTS = {
     "missing file": (lambda folder, rows: rows[0].update(path="bench/nope.json"), "is not a file"),
     "duplicate": (lambda folder, rows: rows.append(dict(rows[0])), "give each level once"),
     "bad number": (lambda folder, rows: rows[0].update(concurrency="four"), "not a whole number"),
-    "bad JSON": (_bad_json, "unreadable benchmark JSON"),
+    "bad JSON": (_bad_json, "index.csv:2: "),   # the index line and the file, then why
     "not detailed": (_not_detailed, "--save-detailed"),
     "one arm only": (lambda folder, rows: rows.__setitem__(slice(None), [r for r in rows if r["arm"] == "baseline"]),
                      "no candidate rows"),

@@ -42,7 +42,8 @@ class ImportInputError(ValueError):
 
 @dataclass(frozen=True)
 class IndexEntry:
-    """One row of the index CSV (``line``: its line number in the file, for messages; ``path`` resolved)."""
+    """One row of the index CSV (``line``: its line number in the file ``index_csv``, for messages; ``path``
+    resolved)."""
 
     arm: str
     session: int
@@ -50,6 +51,7 @@ class IndexEntry:
     round: int
     path: Path
     line: int
+    index_csv: Path | None = None
 
 
 def _whole(text: str | None, column: str, where: str, minimum: int) -> int:
@@ -93,7 +95,7 @@ def read_index(index_csv: Path) -> list[IndexEntry]:
                                    f"{index_csv.parent}); fix the path")
         entry = IndexEntry(row["arm"], _whole(row["session"], "session", where, 0),
                            _whole(row["concurrency"], "concurrency", where, 1),
-                           _whole(row.get("round") or "0", "round", where, 0), path, number)
+                           _whole(row.get("round") or "0", "round", where, 0), path, number, index_csv)
         key = (entry.arm, entry.session, entry.concurrency, entry.round)
         if key in seen:
             raise ImportInputError(f"{where}: arm {entry.arm} session {entry.session} concurrency {entry.concurrency} "
@@ -135,8 +137,8 @@ def _parse(entries: list[IndexEntry]) -> list[_Parsed]:
                 raise ValueError(f"{entry.path}: not a JSON object")
             level, requests = parse_bench_result(data, entry.arm, entry.concurrency, round_, entry.session)
         except (ValueError, TypeError) as error:
-            raise ImportInputError(f"line {entry.line}: {error}; pass `vllm bench serve --save-result "
-                                   f"--save-detailed` output") from None
+            raise ImportInputError(f"{entry.index_csv or 'index'}:{entry.line}: {error}; pass `vllm bench serve "
+                                   f"--save-result --save-detailed` output") from None
         mtp_on = any(key.startswith("spec_decode_") for key in data)
         level.update(spec_decode.level_fields(spec_decode.from_bench_result(data, mtp_on)))
         parsed.append(_Parsed(entry, LevelKey(entry.concurrency, round_), level, requests))
