@@ -49,9 +49,10 @@ class Prior:
 
 
 PRIORS = {
-    "cpu": Prior(decode_tok_s=(15.0, 40.0), prefill_tok_s=(500.0, 2000.0), saturation=4,
-                 server_start_s=(30.0, 120.0),
-                 source="assumed for the tiny CPU scenarios on 2 cores (the README's ~5–7 min per run); calibrate "
+    "cpu": Prior(decode_tok_s=(120.0, 250.0), prefill_tok_s=(500.0, 2000.0), saturation=4,
+                 server_start_s=(25.0, 65.0),
+                 source="measured for the tiny CPU scenarios on 2 cores (cpu-tiny-dsa A/A runs, 2026-12-01: server "
+                        "starts 24–65 s, median 26–40; one sequence decodes ≈ 130–220 tok/s with MTP); calibrate "
                         "against the manifest's timing"),
     "cuda": Prior(decode_tok_s=(80.0, 150.0), prefill_tok_s=(20000.0, 40000.0), saturation=256,
                   server_start_s=(300.0, 900.0),
