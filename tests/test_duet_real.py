@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_a_duet_binds_each_engine_to_its_core_swaps_them_and_overlaps_the_levels(tmp_path):
     out = tmp_path / "results"
     proc = subprocess.run(["nice", "-n", "19", str(DSA_BENCH), "compare", "--scenario", "cpu-tiny-dsa", "--no-gsm8k",
-                           "--concurrency", "1,4", "--num-prompts", "8", "--repeats", "2", "--duet",
+                           "--concurrency", "1", "--num-prompts", "4", "--repeats", "2", "--duet",
                            "--place-baseline", "cores=0", "--place-candidate", "cores=1", "--swap-nodes",
                            "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500, env=dict(os.environ))
