@@ -21,12 +21,14 @@ import argparse
 import copy
 import datetime as dt
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 __all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa", "run_aa_check"]
 
 DEFAULT_SLOWDOWN = "step-delay:2"
+INTERRUPTED = 130   # run_compare's exit code after Ctrl-C or SIGTERM (harness.cli)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -52,7 +54,12 @@ def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
 
 def run_aa(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
     """A gated ``compare`` of ``args``' scenario with the candidate made the baseline arm (:func:`aa_overrides`,
-    ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run directory)."""
+    ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run directory).
+
+    Raises:
+        KeyboardInterrupt: the compare was interrupted (Ctrl-C, SIGTERM; its exit code 130) — so a caller running
+            several never starts the next one.
+    """
     from harness.cli import default_scenario, run_compare
     from harness.run import machine
     from harness.run.scenario import load_scenario
@@ -64,7 +71,10 @@ def run_aa(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] |
     run_args.arm_overrides = {**aa_overrides(scenario.arms["baseline"], inject), **(extra or {})}
     run_args.gate, run_args.resume, run_args.continue_on_error = True, None, False
     run_args.base_url_baseline = run_args.base_url_candidate = None
-    return run_compare(run_args)
+    code, run_dir = run_compare(run_args)
+    if code == INTERRUPTED:
+        raise KeyboardInterrupt(f"interrupted: {run_dir}")
+    return code, run_dir
 
 
 def run_aa_check(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,8 +140,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--slowdown: {error}") from None
     if args.aa_runs < 1:
         raise UsageError(f"--aa-runs must be ≥ 1, not {args.aa_runs}")
-    aa_runs = [_figures(run_aa(args, None)[1]) for _ in range(args.aa_runs)]
-    slow = _figures(run_aa(args, args.slowdown)[1])
+    try:
+        aa_runs = [_figures(run_aa(args, None)[1]) for _ in range(args.aa_runs)]
+        slow = _figures(run_aa(args, args.slowdown)[1])
+    except KeyboardInterrupt as stop:
+        print(f"calibrate: {stop or 'interrupted'}; no further runs", file=sys.stderr)
+        return INTERRUPTED
     _print(aa_runs, slow, args.slowdown)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) / f"calibration-{stamp}.json"

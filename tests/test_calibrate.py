@@ -143,3 +143,18 @@ def test_calibrate_counts_false_alarms_over_its_aa_runs(tmp_path, monkeypatch, c
 def test_aa_runs_below_one_is_one_line_exit_2(capsys, tmp_path):
     assert main(["calibrate", "--aa-runs", "0", "--out", str(tmp_path)]) == 2
     assert "--aa-runs" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_run_ends_calibrate_without_starting_the_next(tmp_path, monkeypatch, capsys):
+    """Ctrl-C or SIGTERM in one compare (its exit code 130) stops calibrate: no further A/A or slowdown run."""
+    from harness import cli
+
+    calls = []
+
+    def interrupted_compare(args):
+        calls.append(args.arm_overrides["arms.candidate.inject"])
+        return 130, tmp_path / "run"
+
+    monkeypatch.setattr(cli, "run_compare", interrupted_compare)
+    assert main(["calibrate", "--aa-runs", "3", "--scenario", "cpu-tiny-dsa", "--out", str(tmp_path)]) == 130
+    assert calls == [None] and "no further runs" in capsys.readouterr().err
