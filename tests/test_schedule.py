@@ -93,6 +93,25 @@ def test_concurrent_servers_alternate_arms_per_level_over_all_rounds():
                               ("baseline", 1, 1), ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 4, 1)]
 
 
+def test_concurrent_blocks_start_their_abba_sequence_with_the_arm_the_block_order_draws():
+    """Each block's first arm is drawn like the sequential order (a seeded coin, or alternating for "abba"), so the
+    warm-after-itself carryover of the per-level alternation is not tied to one arm at a level."""
+    from harness.judge.planning import baseline_first
+
+    for order in ("random", "abba"):
+        plan = _plan(repeats=6, rounds_per_session=1, level_order="sorted", concurrency=[1, 2, 4, 8],
+                     block_order=order)
+        plan = plan_mod.Plan(plan.scenario.model_copy(update={"serve": plan.scenario.serve.model_copy(
+            update={"concurrent_servers": True})}), plan.machine, plan.arms)
+        entries = schedule(plan)
+        for block in range(6):
+            mine = [name for name, _, r in entries if r == block]
+            first, second = ("baseline", "candidate") if baseline_first(0, block, order) else ("candidate", "baseline")
+            assert mine == [first, second, second, first] * 2
+        firsts = [next(name for name, _, r in entries if r == block) for block in range(6)]
+        assert set(firsts) == {"baseline", "candidate"}    # both arms lead some blocks (seed 0: not all alike)
+
+
 def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its_block(tmp_path, monkeypatch):
     from harness.run import runner as runner_mod
 

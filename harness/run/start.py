@@ -66,18 +66,26 @@ def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     ABBA); in a block one arm's server session measures ``workload.rounds_per_session`` consecutive rounds
     (:meth:`Plan.block_of`).
     Concurrent servers: both arms' servers are up together and alternate per level in ABBA order, so drift hits
-    both arms alike — one session each for the run, or a fresh pair per session block
+    both arms alike; which arm starts each block's ABBA sequence is drawn like the sequential order (the arm that runs
+    a level right after its own previous level is measured warm — up to ±25 % at one level on this 2-core VM — so a
+    fixed sequence would tie that carryover to one arm at each level) — one session each for the run, or a fresh
+    pair per session block
     (:meth:`~harness.run.scenario.Scenario.fresh_session_per_block`). Duet (``serve.duet``): the same order, each
     step's two entries (one per arm, same concurrency and round) back to back; the runner sends them at the same time
     (:func:`harness.run.duet.steps`).
     """
     names = [arm.name for arm in plan.arms]
     rounds = range(plan.rounds())
-    if plan.scenario.serve.concurrent_servers:
-        steps = [(c, r) for r in rounds for c in round_order(plan, r)]
-        return [(name, c, r) for step, (c, r) in enumerate(steps) for name in (names if step % 2 == 0 else names[::-1])]
     work = plan.scenario.workload
     blocks = range(work.repeats)
+    if plan.scenario.serve.concurrent_servers:
+        order = []
+        for block in blocks:
+            first = names if baseline_first(work.seed, block, work.block_order) else names[::-1]
+            steps = [(c, r) for r in rounds if plan.block_of(r) == block for c in round_order(plan, r)]
+            order += [(name, c, r) for step, (c, r) in enumerate(steps)
+                      for name in (first if step % 2 == 0 else first[::-1])]
+        return order
     return [(name, c, r) for block in blocks
             for name in (names if baseline_first(work.seed, block, work.block_order) else names[::-1])
             for r in rounds if plan.block_of(r) == block for c in round_order(plan, r)]
