@@ -52,10 +52,10 @@ class FakeClient:
         self.closed = True
 
 
-def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0):
+def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0, resume=None):
     """A Runner with stub servers and ``level(run, client, arm, concurrency, round)`` as each level's body (default:
-    one row with a seeded throughput, the candidate ``loss`` slower)."""
-    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
+    one row with a seeded throughput, the candidate ``loss`` slower); ``resume``: the stored manifest to resume."""
+    run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions(), resume_manifest=resume)
     rng, run.started_servers, run.up_together = np.random.default_rng(0), [], []
     FakeClient.instances = []
 
@@ -246,3 +246,20 @@ def test_a_duet_with_max_sessions_stops_at_the_first_deciding_look(tmp_path, mon
     from harness import gate
 
     assert gate.run_gate(tmp_path / "run", write=False).status == Status.FAIL
+
+
+def test_a_resumed_restart_per_block_run_starts_servers_only_for_its_unfinished_blocks(tmp_path, monkeypatch):
+    """Resuming after a stop in block 2 starts one fresh pair for block 2, none for the finished blocks 0 and 1."""
+    plan = _plan(**{"serve.restart_per_block": True, "workload.repeats": 3})
+
+    def level(run, client, arm, concurrency, repeat):
+        if repeat >= 4:
+            raise KeyboardInterrupt
+        _write_row(run, arm.name, concurrency, repeat)
+
+    with pytest.raises(KeyboardInterrupt):
+        _runner(tmp_path, monkeypatch, plan, level).run()
+    stored = schema.Manifest.model_validate_json((tmp_path / "run" / schema.MANIFEST).read_text())
+    resumed = _runner(tmp_path, monkeypatch, plan, resume=stored)
+    assert resumed.run()["status"] == "done"
+    assert sorted((name, block) for name, block, _ in resumed.started_servers) == [("baseline", 2), ("candidate", 2)]

@@ -368,7 +368,8 @@ class Runner:
         Concurrent servers: every live arm's server is up before a level is measured, so no level runs beside a
         server that is still starting. A duet step's benchmark time is its wall time (the two levels overlap)."""
         ready = [(item, self._ready(*item)) for item in items]
-        if self.plan.scenario.serve.concurrent_servers and not self.options.base_urls:
+        pending = any(server is not None for _, server in ready)   # a resumed run's finished step starts nothing
+        if pending and self.plan.scenario.serve.concurrent_servers and not self.options.base_urls:
             for name in [n for n in self.arms_plan if n not in self.dead_arms and n not in {i[0] for i in items}]:
                 self._server_for(self.arms_plan[name], self.plan.block_of(items[0][2]))
         measures = [lambda item=item, server=server: self._measure(clients[item[0]], item[0], server, *item[1:],
