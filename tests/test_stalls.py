@@ -203,9 +203,27 @@ def test_the_gate_writes_the_flagged_rounds_into_verdict_json_and_summary(tmp_pa
     manifest, levels, requests = aa.aa_run(8)
     stalled = levels.index[(levels["arm"] == "baseline") & (levels["concurrency"] == 4)][2]
     levels.loc[stalled, "output_throughput"] *= 0.3
+    levels["host_steal_fraction"] = 0.0
+    levels.loc[stalled, "host_steal_fraction"] = 0.4    # one round per session: a stall is flagged by its steal share
     manifest["scenario"]["gate"] = {"primary": ["output_throughput"], "estimator": "exclude-stalls"}
     result = gate.run_gate(aa.write_run(tmp_path / "run", manifest, levels, requests, None))
     document = json.loads((result.run_dir / gate.VERDICT).read_text())
     row = {"arm": "baseline", "concurrency": 4, "round": int(levels.loc[stalled, "round"])}
     assert [{k: s[k] for k in row} for s in document["stalls"] if s["excluded"]] == [row]
     assert "1 stalled round(s) flagged" in (result.run_dir / gate.SUMMARY).read_text()
+
+
+def test_with_one_round_per_session_only_steal_flags_a_round():
+    """One round per session: an arm's rounds are its sessions, and a session offset is not a stall."""
+    import pandas as pd
+
+    from harness.judge.stalls import find_stalls
+
+    values = [100.0, 101.0, 99.0, 100.5, 99.5, 60.0]            # the last far outside: |z| > 3.5 over the rounds
+    rows = pd.DataFrame({"arm": "baseline", "concurrency": 4, "round": range(6), "session": range(6),
+                         "output_throughput": values, "host_steal_fraction": [0.0] * 5 + [0.2]})
+    (only,) = find_stalls(rows, max_steal_fraction=0.1, estimator="median")
+    assert only.round == 5 and "steal" in only.reason and "z-score" not in only.reason
+    several = rows.assign(session=[0, 0, 1, 1, 2, 2], host_steal_fraction=0.0)
+    (flagged,) = find_stalls(several, max_steal_fraction=0.1, estimator="median")
+    assert flagged.round == 5 and "z-score" in flagged.reason

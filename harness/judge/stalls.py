@@ -10,7 +10,9 @@ A *round* is one ``levels.csv`` row (arm, concurrency, round). It is flagged as 
   :data:`MODIFIED_Z_LIMIT` = 3.5 in absolute value (Iglewicz & Hoaglin 1993, *How to Detect and Handle Outliers*,
   ASQC Basic References in Quality Control 16, §3.2: "modified Z-scores with an absolute value of greater than 3.5 be
   labeled as potential outliers"). Only with at least :data:`MIN_ROUNDS_FOR_Z` rounds (a MAD of fewer is no spread
-  estimate) and a MAD above zero (copied values).
+  estimate), a MAD above zero (copied values), and sessions of several rounds: with one round per session the
+  rounds of an arm are its sessions, whose offsets are the noise the paired test accounts for, not stalls (flagging
+  them would drop whole session pairs; the rule's error rates were measured on 4-round sessions only).
 
 What happens to a flagged round is the estimator's (:data:`ESTIMATORS`), chosen in advance in the policy; the
 judge never re-runs a round (the run is over when it judges; a re-run is the runner's business):
@@ -113,7 +115,7 @@ def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
         if STALL_COLUMN in frame.columns:
             value = frame[STALL_COLUMN].astype(float)
             ok = np.isfinite(value) & (value > 0)
-            if ok.sum() >= MIN_ROUNDS_FOR_Z:
+            if ok.sum() >= MIN_ROUNDS_FOR_Z and _several_rounds_per_session(frame):
                 z = modified_z(np.log(value[ok].to_numpy()))
                 for r, score in zip(frame.loc[ok, "round"], z):
                     if abs(score) > MODIFIED_Z_LIMIT:
@@ -126,6 +128,14 @@ def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
             session = None if session is None or not math.isfinite(float(session)) else int(session)
             out.append(Stall(arm, level, r, session, "; ".join(reasons[r]), excludes(estimator)))
     return out
+
+
+def _several_rounds_per_session(frame) -> bool:
+    """Whether some session of ``frame`` (one arm and level) holds more than one round (True when sessions are not
+    recorded: version-1 rows, every round its own unit)."""
+    if "session" not in frame.columns or frame["session"].isna().all():
+        return True
+    return bool(frame.groupby("session")["round"].nunique().max() > 1)
 
 
 def location_rounds(figures: Sequence[float], estimator: str) -> list[int]:
