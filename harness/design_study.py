@@ -68,7 +68,9 @@ def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) ->
         before = host_state()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
-            code, run_dir = run_aa(compare_args(scenario, blocks, out / "runs"), None, dict(design.overrides))
+            # every design runs its K blocks: the scenario's budget (cpu-tiny-dsa: 12 min) would cut slow designs short
+            code, run_dir = run_aa(compare_args(scenario, blocks, out / "runs"), None,
+                                   {"workload.budget_s": None, **design.overrides})
         except KeyboardInterrupt:
             print(f"design {design.name}: interrupted; analyzing the finished runs", file=sys.stderr)
             break

@@ -207,6 +207,7 @@ def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monke
         assert args.arm_overrides["allow_identical_arms"] is True
         assert args.arm_overrides["arms.candidate.route"] == "baseline"
         assert args.out == str(tmp_path / "out" / "runs")
+        assert args.arm_overrides["workload.budget_s"] is None      # K blocks, whatever the scenario's budget
     assert seen[0].arm_overrides["serve.concurrent_servers"] is False
     assert "workload.rounds_per_session" not in seen[0].arm_overrides
     assert seen[2].arm_overrides["workload.warmups"] == 8 and seen[2].arm_overrides["workload.rounds_per_session"] == 4
