@@ -312,3 +312,12 @@ def test_installed_vllm_bench_reads_metrics_twice_in_benchmark_and_calls_it_by_m
 
     assert calls("benchmark", "fetch_spec_decode_metrics") == 2
     assert calls("main_async", "benchmark") == 1
+
+
+def test_unreadable_captures_leave_the_server_columns_empty_and_say_why():
+    from harness.run import server_metrics
+
+    columns, why = server_metrics.level_columns({server_metrics.RESULT_KEY: {"before": {}}, "duration": 1.0})
+    assert set(columns) == set(server_metrics.LEVEL_COLUMNS) and all(v is None for v in columns.values())
+    assert "before/after" in why
+    assert server_metrics.level_columns({"duration": 1.0})[1] is None          # no captures: empty, nothing wrong

@@ -308,7 +308,11 @@ class Runner:
         level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat, self._session(arm.name))
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
-        level_row.update(server_metrics.level_fields(server_metrics.from_bench_result(bench)))
+        columns, unreadable = server_metrics.level_columns(bench)
+        level_row.update(columns)
+        if unreadable:
+            self.console.print(f"[yellow]{arm.name} c={concurrency} r={repeat}: server /metrics columns left empty "
+                               f"({escape(unreadable)})[/]")
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
         level_row["load_avg_1m"] = host_load.read_load_1m()

@@ -164,6 +164,15 @@ def from_bench_result(result: Mapping[str, Any]) -> dict[str, Any]:
     return window(before, after, float(duration) if duration is not None else None)
 
 
+def level_columns(result: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A bench result's ``levels.csv`` server columns and None, or — malformed captures, a counter that went down —
+    every column None and why: a diagnostic that cannot be read never discards the level's client figures."""
+    try:
+        return level_fields(from_bench_result(result)), None
+    except ValueError as error:
+        return dict.fromkeys(LEVEL_COLUMNS), str(error)
+
+
 def level_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """A :func:`window` result as ``levels.csv`` cells: floats rounded to 6 significant digits, None kept."""
     def rounded(value: Any) -> Any:
