@@ -358,7 +358,7 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
         needs = [r.repeats_needed for r in hit if r.repeats_needed is not None and r.repeats_needed > r.repeats]
-        more = max(needs) - max(r.repeats for r in hit) if needs else 0
+        more = max((r.repeats_needed - r.repeats for r in hit if r.repeats_needed is not None), default=0)
         minutes = f" (≈{more * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)" if (
             needs and block_s) else ""
         tail = (f"; ≈{max(needs)} sessions per arm{minutes} would give 90 % power to pass an unchanged candidate at "
@@ -421,7 +421,8 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
                         excluded=excluded)
     look = sequential.look_of(policy, levels)
     results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
-    status, reason = overall(results, design_costs.block_wall_s(manifest)[0])
+    sessions_replicated = sequential.paired_sessions(levels) > 1   # more blocks bring more sessions
+    status, reason = overall(results, design_costs.block_wall_s(manifest)[0] if sessions_replicated else None)
     notes = [] if look is None else [look.describe()]
     stall_note = stalls.describe(flagged, policy.estimator)
     if stall_note:
