@@ -263,3 +263,22 @@ def test_a_resumed_restart_per_block_run_starts_servers_only_for_its_unfinished_
     resumed = _runner(tmp_path, monkeypatch, plan, resume=stored)
     assert resumed.run()["status"] == "done"
     assert sorted((name, block) for name, block, _ in resumed.started_servers) == [("baseline", 2), ("candidate", 2)]
+
+
+def test_a_resumed_duet_measures_a_half_done_step_again_with_both_arms(tmp_path, monkeypatch):
+    """A crash with one arm's level of a step done and the other's not: on resume both are measured, together."""
+    from harness.run import run_manifest
+    from harness.rundir.store import RunDir
+
+    plan = _plan(**DUET)
+    run = _runner(tmp_path, monkeypatch, plan)
+    manifest = run.run()
+    key = next(iter(manifest["arms"][0]["levels"]))
+    for arm in manifest["arms"]:
+        if arm["name"] == "candidate":
+            arm["levels"][key]["status"] = "failed: interrupted during this level"
+    stored = schema.Manifest.model_validate(manifest)
+    resumed = run_manifest.resumed(stored, RunDir(tmp_path / "run"))
+    assert [arm["levels"][key]["status"] for arm in resumed["arms"]] == ["pending", "pending"]
+    others = [k for k in resumed["arms"][0]["levels"] if k != key]
+    assert all(arm["levels"][k]["status"] == "done" for arm in resumed["arms"] for k in others)

@@ -52,8 +52,11 @@ def initial(plan: Plan, run_dir: Path, *, remote: bool, aa_check: dict[str, Any]
 
 def resumed(stored: Manifest, store: RunDir) -> dict[str, Any]:
     """The stored manifest with every level that is not ``done`` set back to pending, and the CSVs cut back to the
-    rows of done levels (a crash between the two CSV appends leaves no orphan rows)."""
+    rows of done levels (a crash between the two CSV appends leaves no orphan rows). Under a duet a level whose
+    partner in the other arm is not done is measured again too: a duet level is only valid beside its partner."""
     manifest = stored.model_dump(mode="json")
+    if (manifest["scenario"].get("serve") or {}).get("duet"):
+        _unpair_half_done_steps(manifest)
     done = set()
     for entry in manifest["arms"]:
         for key, level in entry["levels"].items():
@@ -65,6 +68,19 @@ def resumed(stored: Manifest, store: RunDir) -> dict[str, Any]:
     manifest["resumed_at"].append(now())
     manifest["status"] = "running"
     return manifest
+
+
+def _unpair_half_done_steps(manifest: dict[str, Any]) -> None:
+    """Duet: set a ``done`` level back to ``failed: …`` (so resumed as pending) where the other arm's level of the same
+    key is not done."""
+    arms = manifest["arms"]
+    for key in arms[0]["levels"]:
+        states = [arm["levels"].get(key, {}).get("status") for arm in arms]
+        if "done" in states and any(state != "done" for state in states):
+            for arm in arms:
+                if arm["levels"][key].get("status") == "done":
+                    arm["levels"][key] = {**arm["levels"][key],
+                                          "status": "failed: measured again with its duet partner"}
 
 
 def finish(manifest: dict[str, Any], timing: dict[str, float], wall_s: float, status: str) -> None:
