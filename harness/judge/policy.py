@@ -58,7 +58,7 @@ class GatePolicy(BaseModel):
         levels = [1, 8]              # default: every level of the run
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
         max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
-        estimator = "mean"           # within-session location of rounds: "mean", "exclude-stalls" or "median"
+        estimator = "median"         # within-session location of rounds (the default): "mean", "exclude-stalls" or "median"
         [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
         output_throughput = -3.0
         mean_tpot_ms = 3.0
