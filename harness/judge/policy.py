@@ -58,7 +58,7 @@ class GatePolicy(BaseModel):
         levels = [1, 8]              # default: every level of the run
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
         max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
-        estimator = "median"         # within-session location of rounds (the default): "mean", "exclude-stalls" or "median"
+        estimator = "median"         # the default: within-session location of rounds ("mean", "exclude-stalls")
         [gate.margins]               # per metric; % of baseline, or accuracy points for gsm8k_accuracy
         output_throughput = -3.0
         mean_tpot_ms = 3.0
@@ -87,8 +87,8 @@ class GatePolicy(BaseModel):
     default is that margin (3 %)."""
     max_steal_fraction: float = Field(0.10, ge=0.0, le=1.0)
     """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the round is
-    excluded as stalled (under ``estimator = "mean"``: before the level's cells are INVALID). 10 % is the common cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time":
-    sustained steal above 10 % means the VM runs slower than it should); it is also over three times the 3 %
+    excluded as stalled (under ``estimator = "mean"``: before the level's cells are INVALID). 10 % is the common
+    cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time": sustained steal above 10 % means the VM runs slower than it should); it is also over three times the 3 %
     throughput margin, so steal alone could decide a cell."""
     require_attestation: bool = True
     """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
