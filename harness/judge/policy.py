@@ -88,8 +88,9 @@ class GatePolicy(BaseModel):
     max_steal_fraction: float = Field(0.10, ge=0.0, le=1.0)
     """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the round is
     excluded as stalled (under ``estimator = "mean"``: before the level's cells are INVALID). 10 % is the common
-    cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time": sustained steal above 10 % means the VM runs slower than it should); it is also over three times the 3 %
-    throughput margin, so steal alone could decide a cell."""
+    cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time": sustained steal above 10 % means
+    the VM runs slower than it should); it is also over three times the 3 % throughput margin, so steal alone could
+    decide a cell."""
     require_attestation: bool = True
     """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
     whose path cannot be observed (``dsa-bench import``, servers started by other tooling); PASS then rests on the
