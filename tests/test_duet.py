@@ -121,6 +121,8 @@ def test_plan_notes_estimate_and_gsm8k_points_follow_the_design():
     assert any("fresh pair of server sessions per session block" in note for note in fresh.notes)
     (note,) = [note for note in pair.notes if note.startswith("duet:")]
     assert "baseline on local cores 0" in note and "candidate on local cores 1" in note and "exchanged" in note
+    (unswapped,) = [note for note in _plan(**DUET).notes if note.startswith("duet:")]
+    assert "not swapped" in unswapped and "--swap-nodes" in unswapped
     assert estimate_mod.sessions(kept) == 2 and estimate_mod.sessions(fresh) == estimate_mod.sessions(pair) == 2 * 3
     parts = [estimate_mod.estimate(plan).parts for plan in (kept, fresh)]
     assert parts[0]["parity"] == parts[1]["parity"]   # collected once per arm, whatever the sessions

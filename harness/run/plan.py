@@ -292,7 +292,8 @@ def _session_notes(scenario: Scenario) -> list[str]:
     if not serve.duet:
         return [fresh]
     where = "; ".join(f"{name} on {slot.describe()}" for name, slot in cluster.slots().items())
-    swapped = " (exchanged every other block, so core/GPU differences cancel)" if cluster.swap_nodes else ""
+    swapped = (" (exchanged every other block, so core/GPU differences cancel)" if cluster.swap_nodes else
+               " — not swapped: a core/GPU difference stays tied to one arm (add --swap-nodes)")
     return [f"duet: both arms loaded at once on disjoint cores/GPUs — {where}{swapped}; each level is sent to both "
             "arms at the same time, so shared host noise hits both alike, but neither arm has the host to itself. "
             "Each session block is a fresh pair of server sessions (one per arm, the unit of replication)."]
