@@ -138,3 +138,14 @@ def test_the_scenario_budget_applies_unless_budget_is_given(flag, expected, tmp_
     with pytest.raises(Stop):
         cli.run_compare(args)
     assert seen["budget_s"] == expected
+
+
+def test_the_budget_predicts_the_next_block_without_the_one_off_work_of_the_last():
+    """Block 0 held GSM8K and parity (60 s of 100 s): the next block is taken as 40 s, not 100 s."""
+    from harness.run.stopping import BlockBudget
+
+    budget = BlockBudget(150.0, started=0.0, servers_stay_up=False)
+    assert budget.check(100.0, server_start_s=20.0, blocks_done=1, one_off_s=60.0) is None   # 100 + 40 ≤ 150
+    assert "budget" in budget.check(140.0, server_start_s=30.0, blocks_done=2, one_off_s=60.0)  # 140 + 40 > 150
+    plain = BlockBudget(150.0, started=0.0, servers_stay_up=False)
+    assert "budget" in plain.check(100.0, server_start_s=20.0, blocks_done=1)               # 100 + 100 > 150

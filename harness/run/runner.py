@@ -389,7 +389,8 @@ class Runner:
     def _block_done(self, blocks_done: int, budget: stopping.BlockBudget) -> str | None:
         """The stop reason at the boundary after ``blocks_done`` blocks (a deciding look, the budget), else None."""
         return (stopping.look_stop(self.run_dir, blocks_done)
-                or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done))
+                or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done,
+                                sum(self.timing[k] for k in ("parity_s", "gsm8k_s", "pilot_s"))))
 
     def run(self) -> dict[str, Any]:
         """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""

@@ -37,25 +37,29 @@ def look_stop(run_dir: Path, blocks_done: int) -> str | None:
 class BlockBudget:
     """``--budget``: no block starts that would end past ``budget_s`` seconds of the run, a block taken to last as
     long as the previous one — less its server starts when ``servers_stay_up`` (concurrent servers that keep one
-    session for the run start none again; fresh sessions per block start theirs every block).
+    session for the run start none again; fresh sessions per block start theirs every block) and less the one-off
+    work it held (parity, GSM8K, the pilot: once per arm or run, not per block).
 
-    Times are ``time.monotonic()`` seconds; ``server_start_s`` is the run's cumulative server start-up time."""
+    Times are ``time.monotonic()`` seconds; ``server_start_s`` and ``one_off_s`` are the run's cumulative server
+    start-up time and one-off time."""
 
     budget_s: float | None
     started: float
     servers_stay_up: bool
     block_started: float = 0.0
     block_start_s: float = 0.0
+    block_one_off_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.block_started = self.started
 
-    def check(self, now_s: float, server_start_s: float, blocks_done: int) -> str | None:
+    def check(self, now_s: float, server_start_s: float, blocks_done: int, one_off_s: float = 0.0) -> str | None:
         """Close the block that ends at ``now_s``; the stop reason when the next one would not fit, else None."""
         elapsed, last_block = now_s - self.started, now_s - self.block_started
         if self.servers_stay_up:
             last_block -= server_start_s - self.block_start_s
-        self.block_started, self.block_start_s = now_s, server_start_s
+        last_block -= one_off_s - self.block_one_off_s
+        self.block_started, self.block_start_s, self.block_one_off_s = now_s, server_start_s, one_off_s
         if self.budget_s is not None and elapsed + last_block > self.budget_s:
             return (f"budget: {elapsed:.0f} s of {self.budget_s:.0f} s used after {blocks_done} block(s); the last "
                     f"took {last_block:.0f} s")
