@@ -75,3 +75,16 @@ def test_auto_arm_with_the_real_installed_vllm(tmp_path, monkeypatch):
     else:
         assert built.arms[1].decision["model_runner"] == choice["model_runner"]
         assert any("the installed vLLM" in r for r in built.arms[1].decision["reasons"])
+
+
+def test_a_core_this_machine_does_not_offer_is_refused_before_anything_starts(tmp_path, capsys):
+    import os
+
+    import pytest
+
+    missing = max(os.sched_getaffinity(0)) + 1
+    scenario = load_scenario("cpu-tiny-dsa", {"cluster.arms.candidate": {"cpu_cores": str(missing)}}).effective()
+    with pytest.raises(plan_mod.PlanError, match=rf"core\(s\) \[{missing}\].*--place-candidate cores=N"):
+        plan_mod.check_machine(scenario, detect())
+    assert main(["compare", "--place-candidate", f"cores={missing}", "--no-gsm8k", "--out", str(tmp_path)]) == 2
+    assert "does not offer" in capsys.readouterr().err and list(tmp_path.iterdir()) == []

@@ -218,9 +218,24 @@ def check_machine(scenario: Scenario, machine: Machine) -> None:
             raise PlanError(f"--kv-cache-dtype {serve.kv_cache_dtype} is not supported on CPU (vLLM's CPU MLA backend "
                             f"and dsa_route's CPU DSA caches take only non-quantized caches); use auto on CPU or run "
                             f"on a GPU node")
+        _check_cores(scenario)
     elif serve.tensor_parallel_size > machine.gpu_count and not multi_node(scenario):
         raise PlanError(f"--tp {serve.tensor_parallel_size} needs {serve.tensor_parallel_size} GPUs; "
                         f"this machine has {machine.gpu_count}")
+
+
+def _check_cores(scenario: Scenario) -> None:
+    """Refuse local placements on CPU ids this process may not use (``os.sched_getaffinity``): vLLM's engine would
+    fail to bind its OpenMP threads there."""
+    if scenario.cluster.backend != "local" or not hasattr(os, "sched_getaffinity"):
+        return
+    usable = os.sched_getaffinity(0)
+    for arm, slot in scenario.cluster.slots().items():
+        missing = sorted(set(slot.cpu_cores or ()) - usable)
+        if missing:
+            raise PlanError(f"{arm} is placed on CPU core(s) {missing}, which this machine does not offer (usable: "
+                            f"{sorted(usable)}); place it with --place-{arm} cores=N, or use vLLM's own binding with "
+                            f"--place-baseline \"\" --place-candidate \"\" --no-swap-nodes")
 
 
 def multi_node(scenario: Scenario) -> bool:
