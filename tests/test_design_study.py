@@ -254,3 +254,18 @@ def test_bad_run_or_analyze_arguments_are_exit_2(argv, fragment, tmp_path, monke
     assert design_study.main(argv + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_the_median_pooled_spread_takes_the_median_per_level_not_over_all_levels():
+    """One round per session: the median of a session's rounds at a level is that round, so the robust spread equals
+    the mean one (a median over a session's rows of all levels at once would differ)."""
+    rng = np.random.default_rng(3)
+    rows = [{"arm": arm, "session": s, "round": s, "concurrency": c,
+             "output_throughput": 100.0 * c * math.exp(rng.normal(0, 0.1) if arm == "candidate" else 0.0)}
+            for arm in ("baseline", "candidate") for s in range(6) for c in (1, 2, 4)]
+    levels = pd.DataFrame(rows)
+    plain, median = pooled_spread(levels), pooled_spread(levels, estimator="median")
+    d = (np.log(levels[levels.arm == "candidate"].output_throughput.to_numpy())
+         - np.log(levels[levels.arm == "baseline"].output_throughput.to_numpy())).reshape(6, 3).mean(axis=1)
+    assert plain.sd == pytest.approx(float(np.std(d, ddof=1)))
+    assert median.pairs == plain.pairs == 6 and median.sd == pytest.approx(plain.sd)

@@ -41,6 +41,16 @@ class Spread:
     upper: float
 
 
+def kept_rounds(rows: pd.DataFrame, estimator: str, max_steal_fraction: float) -> pd.DataFrame:
+    """``rows`` less the rounds ``estimator`` leaves out as stalled (:func:`~harness.judge.stalls.find_stalls`; none
+    under ``"mean"``)."""
+    if not excludes(estimator):
+        return rows
+    flagged = {s.key for s in find_stalls(rows, max_steal_fraction=max_steal_fraction, estimator=estimator)}
+    keys = zip(rows["arm"].astype(str), rows["concurrency"].astype(int), rows["round"].astype(int))
+    return rows[[key not in flagged for key in keys]]
+
+
 def paired_spread(levels: pd.DataFrame, column: str = "output_throughput", *,
                   baseline: str = "baseline", candidate: str = "candidate", estimator: str = "mean",
                   max_steal_fraction: float = 0.10) -> list[Spread]:
@@ -50,11 +60,7 @@ def paired_spread(levels: pd.DataFrame, column: str = "output_throughput", *,
     round figures; ``"exclude-stalls"`` first drops the rounds :func:`~harness.judge.stalls.find_stalls` flags (steal
     above ``max_steal_fraction``, or a modified z-score beyond ±3.5); ``"median"`` drops them and takes the median."""
     rows = levels.dropna(subset=["session", column])
-    rows = rows[rows[column] > 0]
-    if excludes(estimator):
-        flagged = {s.key for s in find_stalls(rows, max_steal_fraction=max_steal_fraction, estimator=estimator)}
-        keys = zip(rows["arm"].astype(str), rows["concurrency"].astype(int), rows["round"].astype(int))
-        rows = rows[[key not in flagged for key in keys]]
+    rows = kept_rounds(rows[rows[column] > 0], estimator, max_steal_fraction)
     location = "median" if estimator == "median" else "mean"
     out = []
     for level, frame in rows.groupby("concurrency"):

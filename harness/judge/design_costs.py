@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import chi2
 
-from harness.judge.calibration import paired_spread
+from harness.judge.calibration import kept_rounds, paired_spread
 from harness.judge.planning import sessions_for_power, spread_upper_bound
 from harness.rundir.schema import LevelKey, Manifest
 
@@ -98,20 +98,25 @@ def level_spreads(levels: pd.DataFrame, column: str = "output_throughput", **opt
     return [_estimate(row.concurrency, row.pairs, row.sd) for row in paired_spread(levels, column, **options)]
 
 
-def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", **options: Any) -> SpreadEstimate:
-    """:class:`SpreadEstimate` of ``column`` pooled over levels: every level's figures divided by their geometric
-    mean (a constant per level, which cancels in ``d``), then all levels read as one. On complete blocks
-    (:func:`complete_blocks`) a session's mean log over all its rows is then the mean over levels of its per-level
-    means, so with the default estimator the per-block ``d`` is the gate's pooled log ratio exactly. A robust
-    ``estimator`` (``options``) takes its location, and flags stalled rounds, over the session's rounds of all
-    levels at once — a pooled reading of the rule, not the per-level one."""
-    rows = complete_blocks(levels, column)
+def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", *, estimator: str = "mean",
+                  max_steal_fraction: float = 0.10) -> SpreadEstimate:
+    """:class:`SpreadEstimate` of ``column`` pooled over levels as the gate's pooled hypothesis pools them: per block,
+    the mean over levels of the per-level log ratio of the arms' session figures, each session's figure at a level its
+    rounds' location under ``estimator`` (the ``[gate] estimator`` rule: mean or median of the rounds kept,
+    :func:`harness.judge.calibration.kept_rounds`) — on complete blocks (:func:`complete_blocks`) only, and among them
+    the sessions that kept a round at every level."""
+    rows = kept_rounds(complete_blocks(levels, column), estimator, max_steal_fraction)
     if rows.empty:
         return _estimate(None, 0, math.nan)
-    logs = np.log(rows[column].astype(float))
-    centred = np.exp(logs - logs.groupby(rows["concurrency"]).transform("mean"))
-    (row,) = paired_spread(rows.assign(**{column: centred, "concurrency": 0}), column, **options)
-    return _estimate(None, row.pairs, row.sd)
+    location = "median" if estimator == "median" else "mean"
+    per_level = (rows.assign(log=np.log(rows[column].astype(float)))
+                 .groupby(["arm", "session", "concurrency"])["log"].agg(location).unstack("concurrency"))
+    per_session = per_level.dropna().mean(axis=1)
+    if per_session.index.get_level_values("arm").nunique() != 2:
+        return _estimate(None, 0, math.nan)
+    base, cand = per_session.xs("baseline"), per_session.xs("candidate")
+    d = (cand - base).dropna().to_numpy()
+    return _estimate(None, int(d.size), float(d.std(ddof=1)) if d.size > 1 else math.nan)
 
 
 def _time(text: str | None) -> datetime | None:
