@@ -178,6 +178,22 @@ def test_coalesced_streams_make_the_levels_latency_cells_invalid(coalesced, inva
     assert any("steal" in n for n in result.notes)
 
 
+def test_coalesced_streams_leave_the_server_side_tpot_cell_valid():
+    """A burst is the client reading a stream late; the server's TPOT (engine timestamps) is untouched by it."""
+    sessions = [0, 1, 2, 3]
+    levels_frame = _levels_frame(sessions).assign(server_mean_tpot_ms=lambda f: 1000.0 / f["output_throughput"])
+    requests = _requests_frame(sessions, 2)
+    manifest = Manifest.model_validate({"run_id": "t", "status": "done", "scenario": {"workload": {}},
+                                        "arms": [{"name": "baseline", "route": "baseline"},
+                                                 {"name": "candidate", "route": "candidate"}]})
+    policy = GatePolicy(primary=("output_throughput", "mean_tpot_ms", "server_mean_tpot_ms"),
+                        require_attestation=False)
+    cells = {c.metric: c for c in verdict.evaluate(manifest, levels_frame, requests, None, policy,
+                                                   diagnostics=False).primary}
+    assert cells["mean_tpot_ms"].status == Status.INVALID
+    assert cells["server_mean_tpot_ms"].status not in (Status.INVALID, None)
+
+
 def test_roles_come_from_arm_names_not_routes():
     """An A/A recording (both arms on route "candidate", as `allow_identical_arms` runs and main-vs-PR builds are)
     must compare the candidate arm's rows with the baseline's, not the baseline with itself."""

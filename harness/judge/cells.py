@@ -118,7 +118,7 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
     reasons += validity.level_reasons(level)
-    if spec.unit == "ms":
+    if spec.unit == "ms" and spec.name not in SERVER_SIDE:   # the engine's own timestamps see no client-side burst
         reasons += validity.level_latency_reasons(level)
     if spec.source in ("level", "request"):
         reasons += validity.performance_reasons

@@ -84,7 +84,8 @@ class GatePolicy(BaseModel):
     """Largest share of a level's multi-token requests that may arrive as one burst (TTFT ≥ 0.95·E2EL, or a max
     ITL ≈ 0 where recorded) before its latency cells are INVALID. Such a request's TPOT is ≈ 0, so a share ``s``
     pulls mean TPOT down by ≈ ``s``: above the 3 % mean-TPOT margin the burst alone could flip a verdict, so the
-    default is that margin (3 %)."""
+    default is that margin (3 %). The server-side latencies (``server_mean_*_ms``, the engine's own timestamps) are
+    not affected and stay valid."""
     max_steal_fraction: float = Field(0.10, ge=0.0, le=1.0)
     """Largest host CPU steal share (stolen / all ticks of ``/proc/stat`` over a level) before the round is
     excluded as stalled (under ``estimator = "mean"``: before the level's cells are INVALID). 10 % is the common
