@@ -88,6 +88,7 @@ def run_aa_check(args: argparse.Namespace) -> dict[str, Any]:
 
 def _figures(run_dir: Path) -> dict[str, Any]:
     from harness.judge.calibration import detectable_loss, paired_spread
+    from harness.judge.design_costs import pooled_spread
     from harness.rundir.store import RunDir
 
     store = RunDir(run_dir)
@@ -96,17 +97,25 @@ def _figures(run_dir: Path) -> dict[str, Any]:
     policy = verdict.get("policy_fields") or {}
     level = float(policy.get("alpha", 0.05)) / max(len(policy.get("primary") or [1]), 1)
     margin = float((policy.get("margins") or {}).get("output_throughput", -3.0))
+    levels = store.levels(numeric=True)
+    options = {"estimator": str(policy.get("estimator", "mean")),
+               "max_steal_fraction": float(policy.get("max_steal_fraction", 0.10))}
     spreads = []
-    for row in paired_spread(store.levels(numeric=True), estimator=str(policy.get("estimator", "mean")),
-                             max_steal_fraction=float(policy.get("max_steal_fraction", 0.10))):
+    for row in paired_spread(levels, **options):
         entry = {"concurrency": row.concurrency, "pairs": row.pairs, "sd": row.sd, "sd_upper": row.upper}
         if row.pairs >= 2:
             entry["detectable_loss_pct"] = detectable_loss(row.sd, row.pairs, margin, level)
             entry["detectable_loss_pct_upper"] = detectable_loss(row.upper, row.pairs, margin, level)
         spreads.append(entry)
+    pooled = pooled_spread(levels, **options)     # what the FAIL side tests first: the levels' geometric mean
+    pooled_entry = {"pairs": pooled.pairs, "sd": pooled.sd, "sd_upper": pooled.upper}
+    if pooled.pairs >= 2:
+        pooled_entry["detectable_loss_pct"] = detectable_loss(pooled.sd, pooled.pairs, margin, level)
+        pooled_entry["detectable_loss_pct_upper"] = detectable_loss(pooled.upper, pooled.pairs, margin, level)
     return {"run_dir": str(run_dir), "overall": verdict.get("overall"), "reason": verdict.get("reason"),
             "stopped": manifest.stopped.reason if manifest.stopped else None,
-            "wall_s": manifest.timing.get("wall_s"), "spread": spreads, "tested_at": level}
+            "wall_s": manifest.timing.get("wall_s"), "spread": spreads, "pooled_spread": pooled_entry,
+            "tested_at": level}
 
 
 def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -> None:
@@ -121,7 +130,7 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
           f" in {slow['wall_s'] or 0:.0f} s — {slow['stopped'] or slow['reason']}")
     print(f"A/A paired session spread of log output throughput, and the smallest loss FAILed at 80 % power "
           f"(one-sided {aa['tested_at']:.4f}, the last A/A run's sessions):")
-    for row in aa["spread"]:
+    for row in [*aa["spread"], {**aa["pooled_spread"], "concurrency": "all (pooled, tested first)"}]:
         loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
                 "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
         print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}")

@@ -137,6 +137,8 @@ def test_calibrate_counts_false_alarms_over_its_aa_runs(tmp_path, monkeypatch, c
     (written,) = tmp_path.glob("calibration-*.json")
     record = json.loads(written.read_text())
     assert record["false_alarms"] == 1 and len(record["aa_runs"]) == 3 and record["slowdown"]["overall"] == "FAIL"
+    pooled = record["aa"]["pooled_spread"]                   # the FAIL side's first test: levels pooled
+    assert pooled["pairs"] == 3 and pooled["sd"] > 0 and "c=all (pooled, tested first)" in out
     assert code == 1                                    # a false alarm fails the calibration
 
 
