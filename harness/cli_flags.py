@@ -51,7 +51,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
                             "(workload.min_level_s; 0 = off)")
     group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
     group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
-    group.add_argument("--repeats", type=int, help="session blocks per arm (workload.repeats; × rounds_per_session rounds)")
+    group.add_argument("--repeats", type=int,
+                       help="session blocks per arm (workload.repeats; × rounds_per_session rounds), judged in the "
+                            "fixed design (one look at the end; --max-sessions N for looks)")
     group.add_argument("--max-sessions", type=int, metavar="N",
                        help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
                             "arm (gate.max_sessions and workload.repeats; needs a fresh session per block: "
@@ -100,6 +102,8 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
     if args.max_sessions is not None:
         overrides["gate.max_sessions"] = overrides["workload.repeats"] = args.max_sessions
+    elif args.repeats is not None:   # N blocks in the fixed design; a scenario's own looks need its own block count
+        overrides["gate.max_sessions"] = None
     if args.no_mtp:
         overrides["mtp.num_speculative_tokens"] = 0
     if args.no_gsm8k:

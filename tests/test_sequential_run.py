@@ -149,3 +149,12 @@ def test_the_budget_predicts_the_next_block_without_the_one_off_work_of_the_last
     assert "budget" in budget.check(140.0, server_start_s=30.0, blocks_done=2, one_off_s=60.0)  # 140 + 40 > 150
     plain = BlockBudget(150.0, started=0.0, servers_stay_up=False)
     assert "budget" in plain.check(100.0, server_start_s=20.0, blocks_done=1)               # 100 + 100 > 150
+
+
+def test_repeats_on_a_sequential_scenario_runs_that_many_blocks_in_the_fixed_design(capsys):
+    """The CPU default looks from 3 to 6 sessions; `--repeats 2` is a 2-block run judged once, not an error."""
+    from harness.cli import main
+
+    assert main(["plan", "--repeats", "2"]) == 0
+    assert "rounds 0..1" in capsys.readouterr().out
+    assert main(["plan", "--max-sessions", "4"]) == 0
