@@ -329,3 +329,22 @@ def attest(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> dict[str
     disagrees (unobserved fields do not invalidate an arm; the report lists them)."""
     mismatches = compare_paths(intended, observed)
     return {"valid": not mismatches, "mismatches": mismatches, "not_observed": not_observed(intended, observed)}
+
+
+def observe_remote(server) -> dict[str, Any]:
+    """What a server started by other tooling exposes (``server``: a connected RemoteServer): its served models,
+    ``/version`` and whether ``/metrics`` has spec-decode counters."""
+    from harness.run.server import scrape_metrics, served_models, server_version
+
+    metrics = scrape_metrics(server.base_url, server.headers)
+    return {"served_models": served_models(server.base_url, server.headers),
+            "server_version": server_version(server.base_url, server.headers),
+            "spec_decode_metrics": any(k.startswith("vllm:spec_decode") for k in metrics)}
+
+
+def remote_record(intended: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``attestation`` of a server started by other tooling: never valid or invalid, only what could
+    not be checked (:func:`not_observed`) and why."""
+    return {"valid": None, "mismatches": [], "not_checked": not_observed(intended, observed),
+            "note": "server started by other tooling: only /v1/models, /version and /metrics were read; the model "
+                    "runner, compilation mode and CUDA-graph mode cannot be checked from there"}

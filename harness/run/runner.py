@@ -30,8 +30,7 @@ from harness.run.load import LevelError, LoadClient, parse_bench_result, read_be
 from harness.run.plan import ArmPlan, Plan, multi_node
 from harness.run.start import now, schedule
 from harness.run.startup import startup_from_log
-from harness.run.server import (RemoteServer, ServerError, VllmServer, free_port, request_successes, scrape_metrics,
-                                served_models, server_version)
+from harness.run.server import RemoteServer, ServerError, VllmServer, free_port, request_successes
 
 
 @dataclass
@@ -171,18 +170,10 @@ class Runner:
         server = RemoteServer(url, None, os.environ.get("VLLM_API_KEY"))
         self.console.print(f"[bold]{arm.name}[/]: using the running server at {url} (dsa-bench starts nothing)")
         ready_s = server.connect(self.plan.scenario.serve.ready_timeout_s)
-        metrics = scrape_metrics(server.base_url, server.headers)
-        observed = {"served_models": served_models(server.base_url, server.headers),
-                    "server_version": server_version(server.base_url, server.headers),
-                    "spec_decode_metrics": any(k.startswith("vllm:spec_decode") for k in metrics)}
+        observed = attest.observe_remote(server)
         entry = self.arms[arm.name]
         self._new_session(entry, ready_s, url)
-        entry.update(observed=observed, server_command=None)
-        entry["attestation"] = {
-            "valid": None, "mismatches": [], "not_checked": attest.not_observed(arm.intended, observed),
-            "note": "server started by other tooling: only /v1/models, /version and /metrics were read; the model "
-                    "runner, compilation mode and CUDA-graph mode cannot be checked from there",
-        }
+        entry.update(observed=observed, server_command=None, attestation=attest.remote_record(arm.intended, observed))
         self._save()
         return server
 
