@@ -78,11 +78,19 @@ def internals_changed(what: str, error: BaseException) -> VllmInternalsChanged:
 
 
 def _import_platform_classes() -> dict[str, type]:
-    """CudaPlatform and RocmPlatform, importable on the CPU build with two stand-ins: the CUDA extension
-    ``vllm._C_stable_libtorch`` (imported for op registration by vllm/platforms/cuda.py) and the GCN arch query
-    vllm/platforms/rocm.py makes at import (``_get_gcn_arch``)."""
+    """CudaPlatform and RocmPlatform, importable on the CPU build with three stand-ins: the CUDA extension
+    ``vllm._C_stable_libtorch`` (imported for op registration by vllm/platforms/cuda.py), the GCN arch query
+    vllm/platforms/rocm.py makes at import (``_get_gcn_arch``), and ``vllm._C`` where the CPU build's kernels are
+    another ISA variant's. vllm/platforms/rocm.py (and ``Platform.import_kernels``, interface.py) import ``vllm._C``,
+    which in the x86 CPU wheel is the AVX-512 + BF16 build: on a CPU without those it dies with SIGILL, taking the
+    process with it. So the CPU platform's own ``import_kernels`` (vllm/platforms/cpu.py: ``_C``, ``_C_AVX512`` or
+    ``_C_AVX2`` by what the CPU supports) loads the right variant first, and ``vllm._C`` is a stand-in where that was
+    not ``_C`` itself."""
     import torch
+    from vllm.platforms.cpu import CpuPlatform
 
+    CpuPlatform.import_kernels()
+    sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
     sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
     fake_props = types.SimpleNamespace(gcnArchName=ROCM_GCN_ARCH)
     with mock.patch.object(torch.cuda, "get_device_properties", lambda *a, **k: fake_props):
