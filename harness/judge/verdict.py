@@ -73,6 +73,11 @@ class CellResult:
     accuracy: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     pooled: bool = False
+    spread: float | None = None
+    """Per-session spread ``se·√n`` of the test statistic at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE`
+    upper bound (session cells that were tested; the advice's input)."""
+    pass_level: float | None = None
+    """The level its PASS was tested at (α, or a sequential look's nominal level)."""
 
     @property
     def spec(self) -> Metric:
@@ -95,8 +100,9 @@ class CellResult:
                 return (f"the estimate sits near the margin: {self.repeats} sessions would already pass an "
                         "unchanged candidate at this spread")
             if self.repeats_needed is not None:
-                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass an unchanged candidate "
-                        f"(spread at its 95 % upper bound; now {self.repeats})")
+                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass this cell for an unchanged "
+                        f"candidate (spread at its {100 * planning.ADVICE_CONFIDENCE:g} % upper bound; now "
+                        f"{self.repeats})")
             if self.samples_needed is not None:
                 return f"≈{self.samples_needed} questions would settle it (now {self.n_baseline})"
             return "the spread is too wide for any affordable number of sessions"
@@ -117,6 +123,7 @@ class CellResult:
             "samples_needed": self.samples_needed, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
             "percentile_95": None if self.percentile_95 is None else list(self.percentile_95),
             "reasons": list(self.reasons), "notes": list(self.notes), "note": self.note(), "pooled": self.pooled,
+            "spread": self.spread,
         }
         percent = spec.margin_unit == "%"                      # the *_pct keys exist on every cell (None for GSM8K)
         data.update(delta_pct=self.delta if percent else None, ci_low_pct=self.ci_low if percent else None,
@@ -287,7 +294,10 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
                 _set_interval(result, pooled_test, float(levels[k]))
                 continue
             test = tests[members[k]]
-            result.p_pass_holm = result.p_pass
+            result.p_pass_holm, result.pass_level = result.p_pass, alpha
+            if test.score is None and not math.isinf(test.df) and test.df >= 1:
+                result.spread = planning.spread_upper_bound(test.se * math.sqrt(result.repeats), int(test.df),
+                                                            planning.ADVICE_CONFIDENCE)
             if reject[k]:
                 result.status, level = Status.FAIL, float(levels[k])
             elif stats.rejects(result.p_pass, alpha):
@@ -317,13 +327,32 @@ def _nominal(metric: str, look: sequential.Look | None):
 
 
 def _sessions_to_pass(se: float, df: float, units: int, limit: float, alpha: float) -> int | None:
-    """Sessions per arm a fresh run needs for 90 % power to PASS a candidate equal to the baseline: the cell's
-    per-session spread ``se·√units`` at its 95 % upper bound on ``df`` (a prospective power calculation,
-    :mod:`harness.judge.planning`; never the observed effect, which would make the advice as noisy as the run)."""
+    """Sessions per arm a fresh run needs for 90 % power to PASS this cell for a candidate equal to the baseline: the
+    cell's per-session spread ``se·√units`` at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE` upper bound on
+    ``df`` (a prospective power calculation, :mod:`harness.judge.planning`; never the observed effect, which would
+    make the advice as noisy as the run)."""
     if df < 1:
         return None
-    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df))
-    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=1000)
+    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df), planning.ADVICE_CONFIDENCE)
+    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=planning.MAX_ADVISED_SESSIONS)
+
+
+def _joint_advice(cells: Sequence[CellResult]) -> str:
+    """The run's advice: P(every primary session cell PASSes an unchanged candidate) now and the sessions per arm
+    for 90 % of it (:func:`harness.judge.planning.sessions_for_joint_power`, cap stated); "" without such cells."""
+    tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
+    if not tested:
+        return ""
+    plan = [(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level) for c in tested]
+    now = min(c.repeats for c in tested)
+    need = planning.sessions_for_joint_power(plan)
+    cap = planning.MAX_ADVISED_SESSIONS
+    head = (f"P(all {len(tested)} session-replicated primary cells PASS an unchanged candidate) ≈ "
+            f"{100 * planning.joint_pass_probability(plan, now):.0f} % at {now} sessions per arm (spreads at their "
+            f"{100 * planning.ADVICE_CONFIDENCE:g} % upper bounds)")
+    if need is None:
+        return f"{head}; more than the {cap}-session cap would be needed for 90 %"
+    return f"{head}; ≈{need} sessions per arm for 90 % (cap {cap})"
 
 
 def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy) -> tuple[CellResult, _Test | None]:
@@ -374,8 +403,10 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
 
     FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any cell is INVALID (or no primary cell
     exists); else INCONCLUSIVE if any is; else PASS (every primary cell passed: the intersection–union test).
-    An INCONCLUSIVE reason names the sessions per arm a decision would take and, with ``block_s`` (the run's median
-    seconds per session block, :func:`harness.judge.design_costs.block_wall_s`), the minutes the missing ones add.
+    An INCONCLUSIVE reason gives the joint probability that every session-replicated primary cell PASSes an
+    unchanged candidate and the sessions per arm for 90 % of it (:func:`_joint_advice`: PASS needs every cell, so a
+    per-cell power misleads) and, with ``block_s`` (the run's median seconds per session block,
+    :func:`harness.judge.design_costs.block_wall_s`), the minutes the missing ones add.
     """
     cells = [r for r in results if r.primary and not r.pooled]
     if not cells:
@@ -394,13 +425,14 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
     if worst == Status.INVALID:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
-        needs = [r.repeats_needed for r in hit if r.repeats_needed is not None and r.repeats_needed > r.repeats]
-        more = max((r.repeats_needed - r.repeats for r in hit if r.repeats_needed is not None), default=0)
-        minutes = f" (≈{more * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)" if (
-            needs and block_s) else ""
-        tail = (f"; ≈{max(needs)} sessions per arm{minutes} would give 90 % power to pass an unchanged candidate at "
-                "the spread's 95 % upper bound" if needs
-                else "; see each cell's note")
+        advice = _joint_advice(cells)
+        tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
+        need = planning.sessions_for_joint_power([(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level)
+                                                  for c in tested]) if tested else None
+        now = min((c.repeats for c in tested), default=0)
+        minutes = (f" (≈{(need - now) * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)"
+                   if need is not None and need > now and block_s else "")
+        tail = f"; {advice}{minutes}" if advice else "; see each cell's note"
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
     return worst, f"all {len(cells)} primary cells are non-inferior within their margins"
 
