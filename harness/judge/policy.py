@@ -182,8 +182,8 @@ class GatePolicy(BaseModel):
         parts = [f"{n} {self.margin(n):+g}{' pt' if METRICS[n].margin_unit == 'pt' else ' %'}" for n in self.primary]
         metrics = len(self.primary)
         return (f"non-inferiority at α = {self.alpha:g}: PASS by intersection–union (every primary cell passes its "
-                f"own test at α; Berger 1982); FAIL by a fixed-sequence hierarchy per metric at α/{metrics} "
-                "(Bonferroni over the metrics, valid under any dependence, e.g. throughput and TPOT of the same "
-                "requests): the pooled hypothesis (geometric mean of the per-level ratios, unit = the session pair) "
-                "first, then the levels with Holm (1979) only if it rejects (Maurer, Hothorn & Lehmacher 1995); "
+                f"own test at α; Berger 1982); FAIL by Holm (1979) per metric at α/{metrics} (Bonferroni over the "
+                "metrics, valid under any dependence, e.g. throughput and TPOT of the same requests) over the family "
+                "{the pooled hypothesis (geometric mean of the per-level ratios, unit = the session pair), each "
+                "level}; accuracy by Tango's (1998) score test against its margin; "
                 "margins: " + ", ".join(parts))
