@@ -68,7 +68,26 @@ def test_a_far_round_and_a_steal_round_are_flagged_and_nothing_else():
     assert "modified z-score -" in by_key[STALLED].reason and by_key[STALLED].session == 2
     assert "modified z-score +" in by_key[FAST].reason
     assert by_key[STOLEN].reason == "host CPU steal time was 25.0 % (> 10 %)"
-    assert all(s.excluded for s in found)
+    assert {s.key for s in found if s.excluded} == {STOLEN}               # exogenous evidence: the steal share
+    assert "no exogenous evidence" in by_key[STALLED].reason and "no exogenous evidence" in by_key[FAST].reason
+
+
+def test_a_round_slow_in_both_arms_of_its_block_is_excluded_one_slow_in_its_own_arm_is_kept():
+    """The candidate's own stall is its cost (issue #24); a stall in the same slot of both arms is the host's."""
+    levels = _levels(steal=False)
+    paired = (levels["arm"] == "candidate") & (levels["round"] == 9)       # session 2, second round: as STALLED
+    levels.loc[paired, "output_throughput"] = 110.0
+    by_key = {s.key: s for s in stalls.find_stalls(levels, max_steal_fraction=0.10, estimator="exclude-stalls")}
+    assert by_key[STALLED].excluded and by_key[("candidate", 1, 9)].excluded
+    assert "paired candidate round r9" in by_key[STALLED].reason
+    assert not by_key[FAST].excluded
+
+
+def test_a_host_load_outlier_is_exogenous_evidence():
+    levels = _levels(steal=False).assign(load_avg_1m=2.0 + 0.01 * np.arange(48) % 0.3)
+    levels.loc[(levels["arm"] == "baseline") & (levels["round"] == 9), "load_avg_1m"] = 9.0
+    by_key = {s.key: s for s in stalls.find_stalls(levels, max_steal_fraction=0.10, estimator="exclude-stalls")}
+    assert by_key[STALLED].excluded and "host load average 9.0" in by_key[STALLED].reason
 
 
 def test_too_few_rounds_give_no_spread_to_flag_by():
@@ -88,7 +107,7 @@ def test_steal_invalidates_the_level_under_mean_and_is_excluded_otherwise():
     assert _evaluate(_levels(), "mean").primary[0].status == Status.INVALID
     result = _evaluate(_levels(), "exclude-stalls")
     assert result.primary[0].status != Status.INVALID
-    assert {s.key for s in result.stalls if s.excluded} == {STALLED, STOLEN, FAST}
+    assert {s.key for s in result.stalls if s.excluded} == {STOLEN}
     note = next(n for n in result.notes if "stalled round" in n)
     assert "excluded from the cells" in note and "candidate c=1 r14 (session 3): host CPU steal time was 25.0 %" in note
 

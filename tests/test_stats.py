@@ -171,3 +171,31 @@ def test_paired_difference_uses_agresti_min():
 
 def test_samples_needed_scales_the_standard_error_by_root_n():
     assert stats.samples_needed(0.005, 0.004, 400, 0.025) == math.ceil(400 * (1.959964 * 0.004 / 0.005) ** 2)
+
+
+def test_tango_restricted_mle_maximises_the_constrained_likelihood():
+    from scipy.optimize import minimize_scalar
+
+    b, c, n, delta = 12, 5, 200, -0.01
+    loglik = lambda x: -(b * math.log(x) + c * math.log(x + delta) + (n - b - c) * math.log(1 - 2 * x - delta))  # noqa: E731
+    best = minimize_scalar(loglik, bounds=(-delta + 1e-9, (1 - delta) / 2 - 1e-9), method="bounded",
+                           options={"xatol": 1e-12}).x
+    z = stats.tango_z(b, c, n, delta)
+    assert z == pytest.approx((c - b - n * delta) / math.sqrt(n * (2 * best + delta * (1 - delta))), rel=1e-6)
+
+
+@pytest.mark.parametrize("n, discordance", [(1319, 0.011), (1319, 0.015), (500, 0.011)])
+def test_tango_pass_size_at_the_margin_is_at_most_alpha_where_the_wald_was_not(n, discordance):
+    """Exact size (trinomial sum) of the accuracy PASS at −1 pt; issue #24: Agresti–Min Wald 7.5 / 6.8 / 10.4 %."""
+    from harness.study.regression import accuracy_size
+
+    size = accuracy_size(n, discordance)
+    assert size["size_tango"] <= 0.05 + 0.002 and size["size_agresti_min_wald"] > 0.06
+
+
+def test_tango_interval_agrees_with_its_test():
+    b, c, n = 9, 4, 1319
+    low, high = stats.tango_interval(b, c, n, 0.05)
+    assert stats.tango_pvalues(b, c, n, low)[0] == pytest.approx(0.05, abs=1e-6)
+    assert stats.tango_pvalues(b, c, n, low - 1e-4)[0] < 0.05 < stats.tango_pvalues(b, c, n, low + 1e-4)[0]
+    assert low < (c - b) / n < high

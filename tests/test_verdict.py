@@ -3,7 +3,8 @@
 The simulations read the recorded pool in tests/fixtures/recorded/run (SYNTHETIC until a real recording replaces it;
 see that directory's README), primary metrics output throughput and mean TPOT at levels 1, 2, 4, 8 (8 cells), at
 QUIET_SESSIONS = 8 paired repeats (each a session). Measured with the intersection–union PASS and the
-fixed-sequence FAIL (pooled hypothesis, then Holm over levels, α/2 per metric), 200 resamples, seed 11 (the earlier
+fixed-sequence FAIL (pooled hypothesis, then Holm over levels, α/2 per metric; since issue #24 Holm over {pooled,
+levels}: the tests below assert bounds that hold for both), 200 resamples, seed 11 (the earlier
 Holm-on-both-sides rule in brackets):
 
 - A/A (the same arm split in two): PASS 100 % [99.5 %], FAIL 0 % [0 %]; at 4 sessions PASS 36.5 %, FAIL 0 %;

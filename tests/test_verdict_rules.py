@@ -1,5 +1,5 @@
 """The verdict's decision rules on hand-made cells: margin tolerance, degenerate spread, intersection–union PASS,
-the fixed-sequence FAIL hierarchy (pooled hypothesis first, then Holm over the levels), and ``min_sessions``."""
+Holm over {pooled hypothesis, levels} for FAIL, and ``min_sessions``."""
 
 import numpy as np
 import pandas as pd
@@ -73,14 +73,26 @@ def test_pooled_hypothesis_fails_a_consistent_loss_no_single_level_shows():
     assert "Holm" in policy.describe() and "intersection–union" in policy.describe()
 
 
-def test_levels_are_not_failed_when_the_pooled_hypothesis_does_not_reject():
-    """One level far beyond the margin, three clearly fine: the pooled mean is within it, so no level FAILs."""
+def test_a_loss_at_one_level_fails_that_level_though_the_pooled_mean_is_within_the_margin():
+    """One level far beyond the margin, three clearly fine: the pooled mean is within it, yet Holm over {pooled,
+    levels} FAILs the lost level (issue #24: the fixed sequence, pooled first, left it INCONCLUSIVE)."""
     cells = [_noisy("output_throughput", 1, 0.90, 0.002)] + [
         _noisy("output_throughput", c, 1.05, 0.002) for c in (2, 4, 8)]
     *per_level, pooled = verdict.decide(cells, TPUT)
-    assert pooled.status is None
-    assert per_level[0].p_fail < 0.001 and per_level[0].status == Status.INCONCLUSIVE
+    assert pooled.status is None and pooled.p_fail > 0.05
+    assert per_level[0].p_fail < 0.05 / 5 and per_level[0].status == Status.FAIL
+    assert per_level[0].p_fail_holm == pytest.approx(min(1.0, 5 * per_level[0].p_fail))
     assert [r.status for r in per_level[1:]] == [Status.PASS] * 3
+    assert verdict.overall(per_level + [pooled])[0] == Status.FAIL
+
+
+def test_holm_family_holds_the_pooled_hypothesis_and_every_level():
+    """A level whose p_fail lies between α/5 and α (5 = 4 levels + pooled) is not FAILed alone: Holm's first step
+    is α/5, so FWER ≤ α under any dependence between the levels."""
+    cells = [_noisy("output_throughput", 1, 0.95, 0.01)] + [
+        _noisy("output_throughput", c, 1.05, 0.002) for c in (2, 4, 8)]
+    *per_level, pooled = verdict.decide(cells, TPUT)
+    assert 0.05 / 5 < per_level[0].p_fail <= 0.05 and per_level[0].status == Status.INCONCLUSIVE
 
 
 # ------------------------------------------------------------------------------------------------- min_sessions

@@ -31,15 +31,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 __all__ = [
     "RatioEstimate", "PairedDifference", "McNemarResult",
     "statistic_of", "paired_block_bootstrap", "student_quantile", "student_cdf",
-    "noninferiority_pvalues", "interval", "holm_adjust", "holm_test",
-    "mcnemar_exact", "paired_difference", "samples_needed",
+    "noninferiority_pvalues", "interval", "holm_adjust", "holm_test", "rejects",
+    "mcnemar_exact", "paired_difference", "samples_needed", "tango_z", "tango_pvalues", "tango_interval",
     "MARGIN_TOLERANCE", "DEGENERATE_SE", "is_degenerate",
 ]
 
@@ -281,28 +281,38 @@ def holm_adjust(pvalues: Sequence[float]) -> np.ndarray:
     return adjusted
 
 
-def holm_test(pvalues: Sequence[float], alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def holm_test(pvalues: Sequence[float], alpha: float,
+              nominal: Callable[[float], float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Holm's step-down test: which hypotheses it rejects, and the level at which each was tested.
 
-    Sorted ascending, ``p_(k)`` is compared with ``α / (m − k + 1)``; testing stops at the first ``p_(k)`` above its
-    level. Returns ``(reject, level)``: a rejected hypothesis's level is the one it was rejected at; an unrejected
-    one's is the level where testing stopped. An interval at one-sided level ``level`` (:func:`interval`) therefore
-    excludes the margin exactly for the rejected hypotheses, so a displayed interval never contradicts its verdict.
+    Sorted ascending, ``p_(k)`` is compared with ``nominal(α / (m − k + 1))`` (``nominal``: the identity, or a
+    group-sequential look's nominal level for that overall error, :meth:`harness.judge.sequential.Look.nominal`);
+    testing stops at the first ``p_(k)`` above its level, and a level of 0 (no α left) rejects nothing. Returns
+    ``(reject, level)``: a rejected hypothesis's level is the one it was rejected at; an unrejected one's is the level
+    where testing stopped. An interval at one-sided level ``level`` (:func:`interval`) therefore excludes the margin
+    exactly for the rejected hypotheses, so a displayed interval never contradicts its verdict.
     """
+    nominal = nominal or (lambda a: a)
     p = np.asarray(pvalues, dtype=float)
     m = p.size
     reject = np.zeros(m, dtype=bool)
-    level = np.full(m, alpha / max(m, 1))
+    level = np.full(m, nominal(alpha / max(m, 1)))
     order = np.argsort(p, kind="stable")
     stop_level = None
     for rank, i in enumerate(order):
-        critical = alpha / (m - rank)
-        if stop_level is None and p[i] <= critical:
+        critical = nominal(alpha / (m - rank))
+        if stop_level is None and rejects(p[i], critical):
             reject[i], level[i] = True, critical
         else:
             stop_level = critical if stop_level is None else stop_level
             level[i] = stop_level
     return reject, level
+
+
+def rejects(p: float | None, level: float) -> bool:
+    """Whether a test with p-value ``p`` rejects at ``level``: ``level > 0 and p ≤ level`` (a level of 0 — no α
+    left, past a sequential design's last look — rejects nothing, even a p-value that underflowed to 0)."""
+    return p is not None and level > 0 and p <= level
 
 
 @dataclass(frozen=True)
@@ -382,6 +392,56 @@ def paired_difference(baseline_correct: np.ndarray, candidate_correct: np.ndarra
                             baseline_stderr=float(base.std(ddof=1) / math.sqrt(n)),
                             candidate_stderr=float(cand.std(ddof=1) / math.sqrt(n)),
                             difference=float(cand.mean() - base.mean()), adjusted=adjusted, se=se)
+
+
+def tango_z(baseline_only: int, candidate_only: int, n: int, delta: float) -> float:
+    """Tango's score statistic for H0 "``p_cand − p_base = delta``" on paired binary outcomes.
+
+    Tango, T. (1998). "Equivalence test and confidence interval for the difference in proportions for the
+    paired-sample design". *Statistics in Medicine* 17(8): 891–908, eq. (3); the variance at the restricted MLE
+    (Nam 1997, *Biometrics* 53:1422, for the same statistic). With ``b`` = ``baseline_only``, ``c`` =
+    ``candidate_only`` (the discordant pairs) and ``p̃`` the MLE of P(baseline right only) under H0 (the root in
+    [max(0, −δ), (1 − δ)/2] of ``2n p² − B p − b δ (1 − δ) = 0``, ``B = b + c + (c − b − 2n) δ``):
+    ``z = (c − b − n δ) / sqrt(n (2 p̃ + δ (1 − δ)))``. Large ``z``: the candidate is better than ``delta``.
+    ``z = 0`` where numerator and variance both vanish (no discordance tested at δ = 0); ±inf where only the
+    variance does."""
+    big_b = baseline_only + candidate_only + (candidate_only - baseline_only - 2 * n) * delta
+    p10 = (big_b + math.sqrt(max(big_b * big_b + 8.0 * n * baseline_only * delta * (1.0 - delta), 0.0))) / (4.0 * n)
+    numerator = candidate_only - baseline_only - n * delta
+    variance = n * (2.0 * p10 + delta * (1.0 - delta))
+    if variance <= 1e-300:
+        return 0.0 if abs(numerator) < 1e-12 else math.copysign(math.inf, numerator)
+    return numerator / math.sqrt(variance)
+
+
+def tango_pvalues(baseline_only: int, candidate_only: int, n: int, limit: float) -> tuple[float, float]:
+    """``(p_pass, p_fail)`` of the accuracy margin ``limit`` (a proportion difference, e.g. −0.01) by Tango's score
+    test (:func:`tango_z`) with a normal reference: ``p_pass`` tests H0 "the candidate is worse than the margin"
+    (``1 − Φ(z)``), ``p_fail`` H0 "within it or better" (``Φ(z)``). Its size at the −1 pt margin, n = 1319, is
+    4.0–4.9 % where the Agresti–Min Wald's is 6.8–7.5 % (issue #24; ``tests/test_stats.py`` computes it exactly)."""
+    z = tango_z(baseline_only, candidate_only, n, limit)
+    cdf = float(_special().ndtr(z))
+    return 1.0 - cdf, cdf
+
+
+def tango_interval(baseline_only: int, candidate_only: int, n: int, level: float) -> tuple[float, float]:
+    """The score interval of ``p_cand − p_base`` at two-sided confidence ``1 − 2 level`` (Tango 1998 §3): the
+    ``delta`` where :func:`tango_z` equals ``± z_{1−level}`` (z decreases in ``delta``; found by Brent's method).
+    Each bound clears a margin exactly when :func:`tango_pvalues` rejects at ``level``."""
+    from scipy.optimize import brentq
+
+    z = float(_special().ndtri(1.0 - level))
+    edge = 1.0 - 1e-12
+
+    def bound(target: float) -> float:
+        f = lambda d: tango_z(baseline_only, candidate_only, n, d) - target   # noqa: E731
+        if f(-edge) <= 0:
+            return -1.0
+        if f(edge) >= 0:
+            return 1.0
+        return float(brentq(f, -edge, edge, xtol=1e-12))
+
+    return bound(z), bound(-z)
 
 
 def samples_needed(distance: float, se: float, n: int, level: float) -> int | None:

@@ -11,9 +11,9 @@ A *cell* is one primary metric at one concurrency level (or GSM8K accuracy, whic
 - otherwise the candidate/baseline ratio (accuracy: difference) with its paired interval (:mod:`harness.judge.stats`) is
   tested against the metric's margin: **PASS** (non-inferior) when the cell's own test rejects "worse than the margin"
   at ``alpha`` (intersection–union, Berger 1982: no multiplicity adjustment on the PASS side, since PASS needs every
-  cell); **FAIL** when the metric's fixed-sequence hierarchy rejects "within the margin" for it — the metric's pooled
-  hypothesis (geometric mean of the per-level ratios) first, then its levels with Holm (1979), at ``alpha / K`` for
-  ``K`` primary metrics (:func:`decide`); **INCONCLUSIVE** otherwise, or when the spread is degenerate (zero).
+  cell); **FAIL** when Holm (1979) over the metric's family {pooled hypothesis (geometric mean of the per-level
+  ratios), each level} rejects "within the margin" for it at ``alpha / K`` for ``K`` primary metrics
+  (:func:`decide`); **INCONCLUSIVE** otherwise, or when the spread is degenerate (zero).
 
 Overall: FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any is INVALID (or there are none); else INCONCLUSIVE if any
 is; else PASS. Missing or unreadable data never yields PASS.
@@ -73,6 +73,11 @@ class CellResult:
     accuracy: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     pooled: bool = False
+    spread: float | None = None
+    """Per-session spread ``se·√n`` of the test statistic at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE`
+    upper bound (session cells that were tested; the advice's input)."""
+    pass_level: float | None = None
+    """The level its PASS was tested at (α, or a sequential look's nominal level)."""
 
     @property
     def spec(self) -> Metric:
@@ -95,8 +100,9 @@ class CellResult:
                 return (f"the estimate sits near the margin: {self.repeats} sessions would already pass an "
                         "unchanged candidate at this spread")
             if self.repeats_needed is not None:
-                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass an unchanged candidate "
-                        f"(spread at its 95 % upper bound; now {self.repeats})")
+                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass this cell for an unchanged "
+                        f"candidate (spread at its {100 * planning.ADVICE_CONFIDENCE:g} % upper bound; now "
+                        f"{self.repeats})")
             if self.samples_needed is not None:
                 return f"≈{self.samples_needed} questions would settle it (now {self.n_baseline})"
             return "the spread is too wide for any affordable number of sessions"
@@ -117,6 +123,7 @@ class CellResult:
             "samples_needed": self.samples_needed, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
             "percentile_95": None if self.percentile_95 is None else list(self.percentile_95),
             "reasons": list(self.reasons), "notes": list(self.notes), "note": self.note(), "pooled": self.pooled,
+            "spread": self.spread,
         }
         percent = spec.margin_unit == "%"                      # the *_pct keys exist on every cell (None for GSM8K)
         data.update(delta_pct=self.delta if percent else None, ci_low_pct=self.ci_low if percent else None,
@@ -154,7 +161,8 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
         result.accuracy = {"baseline_pct": 100 * diff.baseline, "baseline_stderr_pct": 100 * diff.baseline_stderr,
                            "candidate_pct": 100 * diff.candidate, "candidate_stderr_pct": 100 * diff.candidate_stderr,
                            "n": diff.n, "interval_center_pts": 100 * diff.adjusted}
-        return result, (diff.adjusted, diff.se, math.inf, policy.limit(cell.metric))
+        return result, _Test(diff.difference, diff.se, math.inf, policy.limit(cell.metric),
+                             (test.baseline_only, test.candidate_only, diff.n))
     result.baseline = stats.statistic_of(cell.baseline, spec.statistic)
     result.candidate = stats.statistic_of(cell.candidate, spec.statistic)
     result.n_baseline = int(sum(a.size for a in cell.baseline))
@@ -168,16 +176,41 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
         result.repeats_needed = max(policy.min_sessions, RECOMMENDED_REPEATS)
         result.notes.append(too_few)
         return result, None
-    try:
+    try:                    # sessions only: resampling requests too counts request noise twice (issue #24, item 4)
         estimate = stats.paired_block_bootstrap(cell.baseline, cell.candidate, spec.statistic,
                                                 n_resamples=n_resamples, seed=_cell_seed(seed, cell.metric, cell.level),
-                                                resample_requests=spec.source == "request")
+                                                resample_requests=False)
     except ValueError as error:
         result.reasons.append(f"no interval: {error}")
         result.status = Status.INVALID if cell.primary else None
         return result, None
     result.percentile_95 = (100 * (estimate.percentile_95[0] - 1), 100 * (estimate.percentile_95[1] - 1))
-    return result, (estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
+    return result, _Test(estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
+
+
+@dataclass(frozen=True)
+class _Test:
+    """A cell's test on its scale: ``estimate`` (log ratio, or proportion difference), ``se``, ``df`` (inf: normal),
+    the margin ``limit``; ``score = (b, c, n)`` for an accuracy cell, tested by Tango's score test instead of the
+    Wald statistic (``se`` then only plans the questions a decision needs)."""
+
+    estimate: float
+    se: float
+    df: float
+    limit: float
+    score: tuple[int, int, int] | None = None
+
+    def pvalues(self, higher_is_better: bool) -> tuple[float, float]:
+        """``(p_pass, p_fail)`` against the margin."""
+        if self.score is not None:
+            return stats.tango_pvalues(*self.score, self.limit)
+        return stats.noninferiority_pvalues(self.estimate, self.se, self.df, self.limit, higher_is_better)
+
+    def interval(self, level: float) -> tuple[float, float]:
+        """Two-sided interval at confidence ``1 − 2 level`` that agrees with :meth:`pvalues` at ``level``."""
+        if self.score is not None:
+            return stats.tango_interval(*self.score, level)
+        return stats.interval(self.estimate, self.se, self.df, level)
 
 
 def _too_few_sessions(cell: CellInput, policy: GatePolicy) -> str | None:
@@ -200,23 +233,28 @@ def _to_delta(spec: Metric, value: float) -> float:
 
 
 def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int | None = None,
-           seed: int | None = None, session_alpha: float | None = None) -> list[CellResult]:
+           seed: int | None = None, look: sequential.Look | None = None) -> list[CellResult]:
     """Decide every cell: INVALID from validity, else PASS/FAIL/INCONCLUSIVE by margin tests.
 
     PASS is an intersection–union test (Berger 1982): each primary cell is tested at ``α`` with no multiplicity
-    adjustment, and the run passes only if every primary cell does. FAIL controls the family-wise error at ``α`` by a
-    Bonferroni split over the ``K`` primary metrics, each a fixed-sequence hierarchy at ``α/K`` (Maurer, Hothorn &
-    Lehmacher 1995; Dmitrienko & Tamhane 2007): first the metric's pre-specified pooled hypothesis (:func:`_pooled`,
-    over its testable levels), and only if that rejects, its per-level cells with Holm (1979). The Bonferroni split
-    holds under any dependence, so throughput and mean TPOT at one level (dependent measures of the same requests) need
-    no independence assumption. The returned list holds the cells in order, then one pooled result per metric with
-    more than one testable level (``pooled=True``). Intervals are shown at the level each cell was decided at
-    (``α`` on the PASS side, its sequence's Holm level on the FAIL side), so an interval never contradicts its cell.
+    adjustment, and the run passes only if every primary cell does. FAIL controls the family-wise error at ``α`` under
+    any dependence: a Bonferroni split over the ``K`` primary metrics, and within each metric Holm (1979) at ``α/K``
+    over the family {the metric's pooled hypothesis (:func:`_pooled`, the geometric mean over its testable levels),
+    each level}. The pooled hypothesis carries a loss spread thinly over all levels, the levels a loss confined to a
+    few (a batch-1 decode regression): on 4 levels at sd 0.02, 8 sessions, a −10 % loss at one level is FAILed in
+    1.3 % of runs when the levels wait for the pooled test to reject first (the fixed sequence this replaces) and in
+    ≥ 80 % with Holm over the family (results/statistics/README.md), at the cost of testing a uniform loss's pooled
+    hypothesis at ``α/(K·(L+1))`` instead of ``α/K`` (a uniform loss also FAILs its levels).
+    The returned list holds the cells in order, then one pooled result per metric with more than one testable level
+    (``pooled=True``). Intervals are shown at the level each cell was decided at (``α`` on the PASS side, its Holm
+    level on the FAIL side), so an interval never contradicts its cell.
 
     Args:
         n_resamples, seed: override the policy's (simulations use fewer resamples and vary the seed).
-        session_alpha: the α of this look of a sequential design (:mod:`harness.judge.sequential`) for the metrics
-            replicated by server session; accuracy, tested once, keeps the policy's α. None: ``policy.alpha``.
+        look: the look of a sequential design (:mod:`harness.judge.sequential`) the data is at: the metrics
+            replicated by server session are tested at its nominal levels (:meth:`~harness.judge.sequential.Look.
+            nominal`, for each overall error the PASS test and each Holm step has); accuracy, tested once, keeps the
+            plain levels. None: the fixed design.
     """
     n_resamples = policy.bootstrap_resamples if n_resamples is None else n_resamples
     seed = policy.seed if seed is None else seed
@@ -227,81 +265,111 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         results.append(result)
         tests.append(test)
         if test is not None:
-            spec = METRICS[cell.metric]
-            result.p_pass, result.p_fail = stats.noninferiority_pvalues(*test, spec.higher_is_better)
-            if stats.is_degenerate(test[1]):
+            result.p_pass, result.p_fail = test.pvalues(METRICS[cell.metric].higher_is_better)
+            if test.score is None and stats.is_degenerate(test.se):
                 result.notes.append("zero spread: the paired values do not vary (identical or copied repeats), so "
                                     "no interval can be trusted; degenerate, never a verdict")
     metrics = list(dict.fromkeys(c.metric for c in cells if c.primary))
     pooled_results = []
     for metric in metrics:
-        alpha = _metric_alpha(metric, policy, session_alpha)
-        share = alpha / max(len(metrics), 1)
+        nominal = _nominal(metric, look)
+        alpha = nominal(policy.alpha)
+        share = policy.alpha / max(len(metrics), 1)
         members = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and c.metric == metric and t]
         if not members:
             continue
-        gate_p = 0.0
+        family = [results[i] for i in members]
         if len(members) > 1:
-            pooled = _pooled(metric, [cells[i] for i in members], policy, share)
+            pooled, pooled_test = _pooled(metric, [cells[i] for i in members], policy)
             pooled_results.append(pooled)
-            gate_p = 1.0 if pooled.p_fail is None else pooled.p_fail
-        adjusted = stats.holm_adjust([results[i].p_fail for i in members])
-        reject, levels = stats.holm_test([results[i].p_fail for i in members], share)
-        gate_open = gate_p <= share
-        for k, i in enumerate(members):
-            result, (estimate, se, df, limit) = results[i], tests[i]
-            result.p_pass_holm = result.p_pass
-            result.p_fail_holm = min(1.0, len(metrics) * max(gate_p, float(adjusted[k])))
-            if gate_open and reject[k]:
+            if pooled_test is not None:
+                family.append(pooled)
+        p_fail = [r.p_fail for r in family]
+        adjusted = stats.holm_adjust(p_fail)
+        reject, levels = stats.holm_test(p_fail, share, nominal)
+        for k, result in enumerate(family):
+            result.p_fail_holm = min(1.0, len(metrics) * float(adjusted[k]))
+            if result.pooled:
+                result.status = Status.FAIL if reject[k] else None
+                _set_interval(result, pooled_test, float(levels[k]))
+                continue
+            test = tests[members[k]]
+            result.p_pass_holm, result.pass_level = result.p_pass, alpha
+            if test.score is None and not math.isinf(test.df) and test.df >= 1:
+                result.spread = planning.spread_upper_bound(test.se * math.sqrt(result.repeats), int(test.df),
+                                                            planning.ADVICE_CONFIDENCE)
+            if reject[k]:
                 result.status, level = Status.FAIL, float(levels[k])
-            elif result.p_pass <= alpha:
+            elif stats.rejects(result.p_pass, alpha):
                 result.status, level = Status.PASS, alpha
             else:
                 result.status = Status.INCONCLUSIVE
                 level = alpha if result.p_pass <= result.p_fail else float(levels[k])
-                if math.isinf(df):
-                    result.samples_needed = stats.samples_needed(abs(estimate - limit), se, result.n_baseline or 0,
-                                                                 level)
+                if test.score is not None:
+                    result.samples_needed = stats.samples_needed(abs(test.estimate - test.limit), test.se,
+                                                                 result.n_baseline or 0, level)
                 else:
-                    result.repeats_needed = _sessions_to_pass(se, df, result.repeats, limit, alpha)
-            _set_interval(result, estimate, se, df, level)
+                    result.repeats_needed = _sessions_to_pass(test.se, test.df, result.repeats, test.limit,
+                                                              policy.alpha)
+            _set_interval(result, test, level)
     for i, (cell, test) in enumerate(zip(cells, tests)):
         if not cell.primary and test is not None:                   # diagnostics: no verdict, plain 95 %
-            _set_interval(results[i], test[0], test[1], test[2], 0.025)
+            _set_interval(results[i], test, 0.025)
     return results + pooled_results
 
 
-def _metric_alpha(metric: str, policy: GatePolicy, session_alpha: float | None) -> float:
-    """The α ``metric`` is tested at: this look's for session-replicated metrics, the policy's for accuracy."""
-    if session_alpha is None or METRICS[metric].source == "accuracy":
-        return policy.alpha
-    return session_alpha
+def _nominal(metric: str, look: sequential.Look | None):
+    """Overall error → the level ``metric`` is tested at: this look's nominal level for session-replicated metrics,
+    the error itself for accuracy and for the fixed design."""
+    if look is None or METRICS[metric].source == "accuracy":
+        return lambda a: a
+    return look.nominal
 
 
 def _sessions_to_pass(se: float, df: float, units: int, limit: float, alpha: float) -> int | None:
-    """Sessions per arm a fresh run needs for 90 % power to PASS a candidate equal to the baseline: the cell's
-    per-session spread ``se·√units`` at its 95 % upper bound on ``df`` (a prospective power calculation,
-    :mod:`harness.judge.planning`; never the observed effect, which would make the advice as noisy as the run)."""
+    """Sessions per arm a fresh run needs for 90 % power to PASS this cell for a candidate equal to the baseline: the
+    cell's per-session spread ``se·√units`` at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE` upper bound on
+    ``df`` (a prospective power calculation, :mod:`harness.judge.planning`; never the observed effect, which would
+    make the advice as noisy as the run)."""
     if df < 1:
         return None
-    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df))
-    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=1000)
+    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df), planning.ADVICE_CONFIDENCE)
+    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=planning.MAX_ADVISED_SESSIONS)
 
 
-def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy, level: float) -> CellResult:
+def _joint_advice(cells: Sequence[CellResult]) -> str:
+    """The run's advice: P(every primary session cell PASSes an unchanged candidate) now and the sessions per arm
+    for 90 % of it (:func:`harness.judge.planning.sessions_for_joint_power`, cap stated); "" without such cells."""
+    tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
+    if not tested:
+        return ""
+    plan = [(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level) for c in tested]
+    now = min(c.repeats for c in tested)
+    need = planning.sessions_for_joint_power(plan)
+    cap = planning.MAX_ADVISED_SESSIONS
+    head = (f"P(all {len(tested)} session-replicated primary cells PASS an unchanged candidate) ≈ "
+            f"{100 * planning.joint_pass_probability(plan, now):.0f} % at {now} sessions per arm (spreads at their "
+            f"{100 * planning.ADVICE_CONFIDENCE:g} % upper bounds)")
+    if need is None:
+        return f"{head}; more than the {cap}-session cap would be needed for 90 %"
+    return f"{head}; ≈{need} sessions per arm for 90 % (cap {cap})"
+
+
+def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy) -> tuple[CellResult, _Test | None]:
     """The metric's pooled hypothesis: the geometric mean of its per-level ratios against the margin.
 
     Per paired unit ``u`` common to every member cell, ``d_u = mean_l(log S(cand_{l,u}) − log S(base_{l,u}))``
     (``S`` the metric's statistic of that unit's values); the estimate is ``mean_u d_u`` with the paired-t standard
-    error ``sd(d)/sqrt(n)`` on ``n − 1`` df (the unit of replication is the session pair). Tested at ``level``:
-    ``status`` FAIL when it rejects "within the margin", else None (it opens no PASS: that is per cell).
+    error ``sd(d)/sqrt(n)`` on ``n − 1`` df (the unit of replication is the session pair). Returns the result with its
+    p-values and the test (None with fewer than two common units); :func:`decide` tests it in the metric's Holm family
+    (it opens no PASS: that is per cell).
     """
     spec = METRICS[metric]
     common = sorted(set.intersection(*(set(c.repeats) for c in members)))
     where = ", ".join(str(c.level) for c in members)
     result = CellResult(metric, None, True, None, margin=policy.margin(metric), repeats=len(common), pooled=True,
-                        notes=[f"pooled over c={where}: geometric mean of the per-level ratios, tested first at "
-                               f"{level:g}; the levels are tested (Holm) only if it rejects"])
+                        notes=[f"pooled over c={where}: geometric mean of the per-level ratios, tested with the "
+                               "levels (Holm over the pooled hypothesis and each level)"])
     diffs = []
     for unit in common:
         logs = []
@@ -312,24 +380,22 @@ def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy, level
         diffs.append(sum(logs) / len(logs))
     if len(diffs) < 2:
         result.notes.append(f"{len(diffs)} unit(s) common to every level: not tested")
-        return result
+        return result, None
     d = np.asarray(diffs)
     estimate, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1)
     result.ratio, result.delta = math.exp(estimate), _to_delta(spec, estimate)
-    result.p_pass, result.p_fail = stats.noninferiority_pvalues(estimate, se, df, policy.limit(metric),
-                                                                spec.higher_is_better)
-    if result.p_fail <= level:
-        result.status = Status.FAIL
-    _set_interval(result, estimate, se, df, level)
-    return result
+    test = _Test(estimate, se, df, policy.limit(metric))
+    result.p_pass, result.p_fail = test.pvalues(spec.higher_is_better)
+    return result, test
 
 
-def _set_interval(result: CellResult, estimate: float, se: float, df: float, level: float) -> None:
+def _set_interval(result: CellResult, test: _Test, level: float) -> None:
     spec = result.spec
-    low, high = stats.interval(estimate, se, df, level)
+    low, high = test.interval(level)
     result.ci_low, result.ci_high, result.ci_level = _to_delta(spec, low), _to_delta(spec, high), 1 - 2 * level
-    if spec.source == "accuracy":
-        result.notes.append(f"interval centred at the Agresti–Min estimate {_to_delta(spec, estimate):+.2f} pt")
+    if test.score is not None:
+        result.notes.append("Tango (1998) score interval against the margin (restricted MLE); the exact McNemar "
+                            "p-value shown tests equality and decides nothing")
 
 
 def overall(results: Sequence[CellResult], block_s: float | None = None) -> tuple[Status, str]:
@@ -337,8 +403,10 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
 
     FAIL if any primary cell or pooled hypothesis FAILs; else INVALID if any cell is INVALID (or no primary cell
     exists); else INCONCLUSIVE if any is; else PASS (every primary cell passed: the intersection–union test).
-    An INCONCLUSIVE reason names the sessions per arm a decision would take and, with ``block_s`` (the run's median
-    seconds per session block, :func:`harness.judge.design_costs.block_wall_s`), the minutes the missing ones add.
+    An INCONCLUSIVE reason gives the joint probability that every session-replicated primary cell PASSes an
+    unchanged candidate and the sessions per arm for 90 % of it (:func:`_joint_advice`: PASS needs every cell, so a
+    per-cell power misleads) and, with ``block_s`` (the run's median seconds per session block,
+    :func:`harness.judge.design_costs.block_wall_s`), the minutes the missing ones add.
     """
     cells = [r for r in results if r.primary and not r.pooled]
     if not cells:
@@ -357,13 +425,14 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
     if worst == Status.INVALID:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
-        needs = [r.repeats_needed for r in hit if r.repeats_needed is not None and r.repeats_needed > r.repeats]
-        more = max((r.repeats_needed - r.repeats for r in hit if r.repeats_needed is not None), default=0)
-        minutes = f" (≈{more * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)" if (
-            needs and block_s) else ""
-        tail = (f"; ≈{max(needs)} sessions per arm{minutes} would give 90 % power to pass an unchanged candidate at "
-                "the spread's 95 % upper bound" if needs
-                else "; see each cell's note")
+        advice = _joint_advice(cells)
+        tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
+        need = planning.sessions_for_joint_power([(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level)
+                                                  for c in tested]) if tested else None
+        now = min((c.repeats for c in tested), default=0)
+        minutes = (f" (≈{(need - now) * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)"
+                   if need is not None and need > now and block_s else "")
+        tail = f"; {advice}{minutes}" if advice else "; see each cell's note"
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
     return worst, f"all {len(cells)} primary cells are non-inferior within their margins"
 
@@ -420,7 +489,7 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     cells = build_cells(manifest, levels, requests, accuracy, policy, validity, diagnostics=diagnostics,
                         excluded=excluded)
     look = sequential.look_of(policy, levels)
-    results = decide(cells, policy, session_alpha=None if look is None else look.alpha)
+    results = decide(cells, policy, look=look)
     sessions_replicated = sequential.paired_sessions(levels) > 1   # more blocks bring more sessions
     status, reason = overall(results, design_costs.block_wall_s(manifest)[0] if sessions_replicated else None)
     notes = [] if look is None else [look.describe()]
