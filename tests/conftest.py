@@ -51,8 +51,9 @@ def _compare(out: Path, *argv: str) -> RealRun:
     tag = uuid.uuid4().hex
     proc = subprocess.run([str(DSA_BENCH), "compare", *argv, "--out", str(out)], cwd=REPO, capture_output=True,
                           text=True, timeout=1500, env={**os.environ, "DSA_FAULT_TEST_TAG": tag})
-    (run_dir,) = list(out.iterdir())
-    return RealRun(proc, run_dir, tag)
+    runs = list(out.iterdir())
+    assert len(runs) == 1, f"dsa-bench compare wrote no run directory (exit {proc.returncode}): {proc.stderr[-4000:]}"
+    return RealRun(proc, runs[0], tag)
 
 
 def second_venv(root: Path) -> Path:
