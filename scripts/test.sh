@@ -9,4 +9,5 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "scripts/test.sh: could not install chromium; the browser test will be skipped" >&2
 fi
-exec .venv/bin/python -m pytest "$@"
+# --durations=25: the slowest tests in every CI log (tests/SLOW.md keeps the inventory of the slow ones).
+exec .venv/bin/python -m pytest --durations=25 "$@"

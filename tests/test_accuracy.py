@@ -316,9 +316,11 @@ def test_paired_counts_discordant_pairs():
 @pytest.mark.slow
 def test_lm_eval_against_real_cpu_vllm(tmp_path):
     """lm-eval GSM8K (limit 2, 5-shot, the shared data) against a real cpu-tiny server with MTP: the run completes,
-    every question has both filters, prompts fit, and the spec-decode counters move during the run."""
+    every question has both filters, prompts fit, and the spec-decode counters move during the run. The same server
+    (one start, not two) gives tests/test_spec_decode.py's dummy-weights known answer: a greedy burst afterwards
+    accepts almost no draft."""
     from harness.run import spec_decode
-    from test_spec_decode import cpu_tiny_server
+    from test_spec_decode import cpu_tiny_server, greedy_burst
 
     data = accuracy.resolve_data_dir(None, None, hub_check=lambda: False)
     if data.source != "local":
@@ -329,6 +331,11 @@ def test_lm_eval_against_real_cpu_vllm(tmp_path):
         result = accuracy.run_gsm8k(tmp_path, "baseline", endpoint, data,
                                     accuracy.GsmSettings(num_fewshot=5, limit=2, num_concurrent=2, timeout_s=900))
         moved = spec_decode.window(before, spec_decode.snapshot(server.base_url, server.headers))
+        before = spec_decode.snapshot(server.base_url, server.headers)
+        greedy_burst(server)
+        burst = spec_decode.window(before, spec_decode.snapshot(server.base_url, server.headers))
+    assert burst["spec_drafts"] > 100
+    assert burst["acceptance_rate"] < 0.05 and burst["acceptance_length"] < 1.05
     assert result.status == "done" and result.n == 2
     assert {row["filter"] for row in accuracy.read_rows(tmp_path)} == set(accuracy.FILTERS)
     assert moved["spec_drafts"] > 0

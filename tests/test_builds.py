@@ -3,8 +3,6 @@
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,19 +12,11 @@ from harness.run import builds
 from harness.run.plan import ArmPlan
 from harness.run.builds import mismatch as _build_mismatch
 from harness.rundir.store import RunDir
+from conftest import second_venv
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 ARM = ArmPlan(name="candidate", route="candidate", description="", decision={}, unavailable=(), intended={},
               server_args=("--seed", "0"), server_env={}, model_path="m", served_model_name="m", tokenizer="t")
-
-
-def _second_venv(root: Path) -> Path:
-    """A ``python -m venv`` whose site-packages reach this environment's through a .pth file; its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = next(root.glob("lib/python*/site-packages"))
-    here = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "vllm").is_dir())
-    (site / "first-venv.pth").write_text(here + "\n")
-    return root / "bin" / "python"
 
 
 def test_a_declared_python_runs_vllms_cli_module_and_an_executable_runs_itself():
@@ -43,7 +33,7 @@ def test_python_of_reads_the_shebang(tmp_path):
 
 
 def test_two_venvs_are_recorded_with_their_own_interpreter(tmp_path):
-    python = _second_venv(tmp_path / "v2")
+    python = second_venv(tmp_path / "v2")
     here, there = builds.record(ARM), builds.record(dataclasses.replace(ARM, vllm=str(python)))
     assert here["error"] is None and there["error"] is None
     assert there["python"] == str(python) and there["declared"] == str(python) and here["declared"] is None
@@ -71,27 +61,21 @@ def test_the_declared_version_must_be_what_the_server_log_says():
 
 
 @pytest.mark.slow
-def test_compare_runs_each_arm_on_its_own_virtualenv_and_records_both_builds(tmp_path, monkeypatch):
-    """Real vllm serve servers on CPU: the baseline from this environment, the candidate from a second venv."""
-    python = _second_venv(tmp_path / "v2")
-    text = (SCENARIOS / "cpu-tiny.toml").read_text().replace(
-        'route = "candidate"', f'route = "candidate"\nvllm = "{python}"')
-    (tmp_path / "s.toml").write_text(text)
-    out = tmp_path / "results"
-    code = main(["compare", "--scenario", str(tmp_path / "s.toml"), "--out", str(out), "--no-gsm8k",
-                 "--concurrency", "1", "--repeats", "1"])
-    assert code == 0
-    run_dir = next(out.iterdir())
-    manifest = RunDir(run_dir).manifest()
+def test_compare_runs_each_arm_on_its_own_virtualenv_and_records_both_builds(e2e_run):
+    """Real vllm serve servers on CPU (tests/conftest.py's ``e2e_run``): the baseline from this environment, the
+    candidate from a second venv."""
+    assert e2e_run.proc.returncode == 0, e2e_run.proc.stderr[-4000:]
+    manifest = RunDir(e2e_run.run_dir).manifest()
     base, cand = manifest.arm("baseline"), manifest.arm("candidate")
-    assert base.build.declared is None and base.build.python != str(python) and base.build.version
-    assert cand.build.declared == str(python) and cand.build.python == str(python)
-    assert cand.server_command[:3] == (str(python), "-m", "vllm.entrypoints.cli.main")
+    python = cand.build.declared
+    assert base.build.declared is None and base.build.python != python and base.build.version
+    assert python and python.endswith("candidate-venv/bin/python") and cand.build.python == python
+    assert cand.server_command[:3] == (python, "-m", "vllm.entrypoints.cli.main")
     assert base.attestation.valid and cand.attestation.valid
     for arm in (base, cand):
         startup = arm.sessions[0].startup
         assert startup.ready_s > 0 and startup.kv_cache_tokens > 0 and startup.peak_rss_gib > 0
     assert base.sessions[0].startup.compile_s > 0 and cand.sessions[0].startup.compile_s is None
-    html = (run_dir / "report.html").read_text()
+    html = (e2e_run.run_dir / "report.html").read_text()
     assert '<section id="startup">' in html and "KV-cache capacity" in html and "recompiles at every" in html
     print(json.dumps({arm.name: arm.sessions[0].startup.model_dump() for arm in (base, cand)}))

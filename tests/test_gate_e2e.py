@@ -36,8 +36,12 @@ def test_aa_run_is_never_fail(tmp_path):
     assert all(cell["result"] != "FAIL" for cell in verdict["cells"])
 
 
-def test_slowed_candidate_fails(tmp_path):
-    code, verdict = _compare_with_gate("cpu-slowed-candidate", tmp_path)
-    assert verdict["overall"] == "FAIL" and code == 1, verdict["reason"]
+def test_slowed_candidate_fails(slowed_duet_run):
+    """tests/conftest.py's ``slowed_duet_run``: the CPU default with the candidate's engine steps slowed
+    (step-delay:50), three session blocks per arm (the gate's min_sessions)."""
+    proc, run_dir, _ = slowed_duet_run
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["exit_code"] == proc.returncode, proc.stderr[-3000:]
+    assert verdict["overall"] == "FAIL" and proc.returncode == 1, verdict["reason"]
     throughput = [c for c in verdict["cells"] if c["metric"] == "output_throughput"]
     assert throughput and all(c["result"] == "FAIL" for c in throughput)

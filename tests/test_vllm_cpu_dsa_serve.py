@@ -4,7 +4,8 @@ reference ``DsaForCausalLM`` loaded from the same safetensors (the proof).
 One server per model family: float32 (see below), MTP on (``num_speculative_tokens=1``, DeepseekV32MTPModel →
 dsa_route's MTP class), prefix caching on with 16-token blocks, 8 prompts sent concurrently (mixed prefill/decode
 batches), 32 greedy tokens each, contexts up to ~140 tokens with index_topk 32 (really sparse). Then the same 8 prompts
-again: equal tokens, and the prefix cache must report hits (prefill with a cached prefix).
+again: equal tokens, and the prefix cache must report hits (prefill with a cached prefix). The four servers run two at
+a time in one module fixture (``served``); the reference comparisons run after they stopped.
 
 Why float32 for the batched comparison: in bfloat16 the served and reference tokens agree exactly when requests run one
 at a time (measured: 8/8 × 32 tokens), but CPU bf16 GEMMs round differently for different batch heights (a decode
@@ -25,6 +26,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -52,7 +54,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model_dir(name: str, tmp_root: Path) -> Path:
+def _model_dir(name: str) -> Path:
     from dsa_route.tiny.v3 import ensure_tiny_model
     from dsa_route.tiny.v32 import ensure_tiny_dsa_model
 
@@ -143,44 +145,87 @@ def _assert_greedy_equal_up_to_near_ties(model_dir: Path, prompt_ids: list[list[
         assert margin < near_tie, f"token {i}: served {got[i]} trails the reference's {want[i]} by {margin:.2e}"
 
 
-# (model, compilation mode): the candidate's CompilationMode.NONE for both families, and the baseline's VLLM_COMPILE
-# (CPU: DYNAMO_TRACE_ONCE + inductor around dsa_route's opaque attention/MoE ops) for V3.2.
-@pytest.mark.parametrize("name,mode", [("tiny-deepseek-v32", "NONE"), ("tiny-glm-moe-dsa", "NONE"),
-                                       ("tiny-deepseek-v32", "VLLM_COMPILE")])
-def test_served_greedy_tokens_equal_reference_with_mtp_batches_and_prefix_cache(name, mode, tmp_path):
-    model = _model_dir(name, tmp_path)
-    config = json.loads((model / "config.json").read_text())
-    extra = ["--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
-             "--compilation-config", json.dumps({"mode": mode})]
+class Served(NamedTuple):
+    """What one server answered before it stopped: its log, two rounds of (prompt ids, tokens) per prompt, metrics."""
+
+    log: str
+    first: list[tuple[list[int], list[int]]]
+    second: list[tuple[list[int], list[int]]]
+    prefix_hits: float
+    drafts: float
+
+
+# Case id → (model, dtype, compilation mode; None: one request at a time, no MTP, no prefix cache): the candidate's
+# CompilationMode.NONE for both families, the baseline's VLLM_COMPILE (CPU: DYNAMO_TRACE_ONCE + inductor around
+# dsa_route's opaque attention/MoE ops) for V3.2, and V3.2 in bfloat16 (the scenario's dtype).
+CASES = {"v32-none": ("tiny-deepseek-v32", "float32", "NONE"), "glm-none": ("tiny-glm-moe-dsa", "float32", "NONE"),
+         "v32-compile": ("tiny-deepseek-v32", "float32", "VLLM_COMPILE"),
+         "v32-bf16-sequential": ("tiny-deepseek-v32", "bfloat16", None)}
+
+
+def _serve(case: str, tmp_path: Path) -> Served | BaseException:
+    """Start the case's server, send the prompts twice (concurrently, or one at a time for a sequential case), read
+    its metrics and stop it; an exception is returned (and raised by the case's test), not raised here."""
+    name, dtype, mode = CASES[case]
+    extra = [] if mode is None else [
+        "--enable-prefix-caching", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
+        "--compilation-config", json.dumps({"mode": mode})]
     route = "baseline" if mode == "VLLM_COMPILE" else "candidate"
-    with Server(model, tmp_path / "server.log", "float32", extra, route) as server:
-        server.wait_ready()
-        log = (tmp_path / "server.log").read_text()
-        line = next(l for l in log.splitlines() if l.startswith("dsa_route:"))
-        assert "dsa_route.vllm_cpu.model:DsaCpu" in line and "DsaCpuMTPModel" in line
-        compiled = re.search(r"\[backbone\] (saved|loaded) AOT compiled function", log) is not None
-        assert compiled == (mode == "VLLM_COMPILE"), "the compiled arm compiles the target model; NONE does not"
-        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            first = list(pool.map(server.complete, PROMPTS))
-        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
-            second = list(pool.map(server.complete, PROMPTS))
-        prefix_hits = server.metric("vllm:prefix_cache_hits_total")
-        drafts = server.metric("vllm:spec_decode_num_drafts_total")
-    prompt_ids = [p for p, _ in first]
+    try:
+        with Server(_model_dir(name), tmp_path / "server.log", dtype, extra, route) as server:
+            server.wait_ready()
+            if mode is None:
+                return Served(server.log.read_text(), [server.complete(p) for p in PROMPTS], [], 0.0, 0.0)
+            with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+                first = list(pool.map(server.complete, PROMPTS))
+            with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+                second = list(pool.map(server.complete, PROMPTS))
+            return Served(server.log.read_text(), first, second, server.metric("vllm:prefix_cache_hits_total"),
+                          server.metric("vllm:spec_decode_num_drafts_total"))
+    except Exception as error:  # noqa: BLE001 - handed to the case's own test
+        return error
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> dict[str, Served | BaseException]:
+    """Every case's answers, two servers at a time (a start is mostly one core's work: 4 starts in ≈ 2 start times)."""
+    for name, _, _ in CASES.values():   # generated once, before two threads could race to write the same model
+        _model_dir(name)
+    with cf.ThreadPoolExecutor(2) as pool:
+        answers = pool.map(lambda case: _serve(case, tmp_path_factory.mktemp(case)), CASES)
+        return dict(zip(CASES, answers))
+
+
+def _answers(served: dict, case: str) -> Served:
+    answer = served[case]
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
+
+
+@pytest.mark.parametrize("case", ["v32-none", "glm-none", "v32-compile"])
+def test_served_greedy_tokens_equal_reference_with_mtp_batches_and_prefix_cache(case, served):
+    name, _, mode = CASES[case]
+    answer = _answers(served, case)
+    model = _model_dir(name)
+    config = json.loads((model / "config.json").read_text())
+    line = next(l for l in answer.log.splitlines() if l.startswith("dsa_route:"))
+    assert "dsa_route.vllm_cpu.model:DsaCpu" in line and "DsaCpuMTPModel" in line
+    compiled = re.search(r"\[backbone\] (saved|loaded) AOT compiled function", answer.log) is not None
+    assert compiled == (mode == "VLLM_COMPILE"), "the compiled arm compiles the target model; NONE does not"
+    prompt_ids = [p for p, _ in answer.first]
     assert max(len(p) for p in prompt_ids) + NEW_TOKENS > 4 * config["index_topk"]  # selection is really sparse
     reference = _reference_tokens(model, "float32", prompt_ids)
     # eager serving reproduces the reference's rounding; the compiled arm (inductor) may flip a near-tie
     tie = NEAR_TIE if mode == "VLLM_COMPILE" else 0.0
-    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in first], reference, tie)
+    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in answer.first], reference, tie)
     # prefill with a cached prefix gives the same tokens
-    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in second], reference, tie)
-    assert prefix_hits > 0 and drafts > 0
+    _assert_greedy_equal_up_to_near_ties(model, prompt_ids, [t for _, t in answer.second], reference, tie)
+    assert answer.prefix_hits > 0 and answer.drafts > 0
 
 
-def test_bf16_sequential_parity(tmp_path):
+def test_bf16_sequential_parity(served):
     """bfloat16 (the scenario's dtype, KV cache ``auto`` = bf16), one request at a time: exact greedy parity."""
-    model = _model_dir("tiny-deepseek-v32", tmp_path)
-    with Server(model, tmp_path / "server.log", "bfloat16", []) as server:
-        server.wait_ready()
-        served = [server.complete(p) for p in PROMPTS]
-    assert [t for _, t in served] == _reference_tokens(model, "bfloat16", [p for p, _ in served])
+    answer = _answers(served, "v32-bf16-sequential")
+    model = _model_dir("tiny-deepseek-v32")
+    assert [t for _, t in answer.first] == _reference_tokens(model, "bfloat16", [p for p, _ in answer.first])
