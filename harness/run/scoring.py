@@ -42,6 +42,10 @@ DEFAULT_TOP_K = 20
 """vLLM's default ``max_logprobs`` (``config/model.py:282``): the most a server started without the flag returns."""
 
 
+REST_ROUNDING = 1e-9
+"""Probability mass left outside a top-k that is float64 rounding of ``1 − Σ exp(logprob)``, not a real remainder."""
+
+
 def sequences_of(baseline_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The forced sequences from the baseline's parity rows: ``[{"index", "prompt_ids", "forced_ids"}]``.
 
@@ -115,8 +119,9 @@ def _coarse_kl(top_a: Sequence[Sequence[float]], top_b: Sequence[Sequence[float]
     a, b = {int(t): math.exp(lp) for t, lp in top_a}, {int(t): math.exp(lp) for t, lp in top_b}
     common = a.keys() & b.keys()
     pa, pb = [a[t] for t in common], [b[t] for t in common]
-    pa.append(max(0.0, 1.0 - sum(pa)))
-    pb.append(max(0.0, 1.0 - sum(pb)))
+    rest = [1.0 - sum(pa), 1.0 - sum(pb)]      # below REST_ROUNDING: the top-k held all the mass
+    pa.append(rest[0] if rest[0] > REST_ROUNDING else 0.0)
+    pb.append(rest[1] if rest[1] > REST_ROUNDING else 0.0)
     total = sum(p * math.log(p / q) if q > 0 else math.inf for p, q in zip(pa, pb) if p > 0)
     return max(0.0, total)
 

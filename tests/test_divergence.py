@@ -1,0 +1,97 @@
+"""Teacher-forced scoring (harness.run.scoring) and the correctness cells (harness.judge.divergence), on made-up
+rows and on the recorded A/A sessions of the default (tests/fixtures/recorded/scoring-aa)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.judge import divergence, divergence_simulation
+from harness.run import scoring
+from harness.rundir.schema import Status
+
+
+def _dist(logits):
+    z = np.asarray(logits, dtype=float)
+    return z - np.log(np.exp(z).sum())
+
+
+def _top(logprobs, k):
+    order = np.argsort(-logprobs)[:k]
+    return [[int(t), float(logprobs[t])] for t in order]
+
+
+def test_parse_scores_keeps_the_continuation_and_checks_the_echoed_tokens():
+    sequence = {"index": 3, "prompt_ids": [5, 6], "forced_ids": [7, 8]}
+    entry = lambda tok, lp: {str(tok): {"logprob": lp, "rank": 1}, "9": {"logprob": lp - 1.0, "rank": 2}}
+    choice = {"prompt_logprobs": [None, entry(6, -0.5), entry(7, -0.1), entry(8, -0.2)],
+              "prompt_token_ids": [5, 6, 7, 8]}
+    row = scoring.parse_scores(choice, sequence)
+    assert row["logprobs"] == [-0.1, -0.2] and row["top"][0][0] == [7, -0.1]
+    with pytest.raises(ValueError, match="other tokens"):
+        scoring.parse_scores({**choice, "prompt_token_ids": [5, 6, 7, 1]}, sequence)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        scoring.parse_scores({"prompt_logprobs": None}, sequence)
+
+
+def test_top_k_kl_is_a_lower_bound_and_exact_with_the_whole_vocabulary():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p, q = _dist(rng.normal(0, 2, 30)), _dist(rng.normal(0, 2, 30))
+        full = float(np.sum(np.exp(p) * (p - q)))
+        bound = scoring._coarse_kl(_top(p, 5), _top(q, 5))
+        assert 0.0 <= bound <= full + 1e-9
+        assert scoring._coarse_kl(_top(p, 30), _top(q, 30)) == pytest.approx(full, abs=1e-9)
+
+
+def test_sign_test_is_the_binomial_tail():
+    assert divergence.sign_test(0, 0) == 1.0
+    assert divergence.sign_test(5, 0) == pytest.approx(1 / 32)
+    assert divergence.sign_test(6, 1) == pytest.approx(8 / 128)
+
+
+def _rows(n, shift=(), length=10, seed=0):
+    """Scoring rows of ``n`` prompts; prompts in ``shift`` get their forced logprobs moved by 0.5 nats."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for index in range(n):
+        lps = [float(v) for v in -rng.uniform(0, 2, length)]
+        delta = 0.5 if index in shift else 0.0
+        rows.append({"index": index, "logprobs": [v - delta for v in lps],
+                     "top": [[[index, v - delta], [999, v - 3]] for v in lps]})
+    return rows
+
+
+def test_divergence_cell_fails_a_shift_passes_an_identical_arm_and_is_invalid_on_an_unstable_envelope():
+    ref = _rows(32)
+    moved = divergence.divergence_cell(ref, _rows(32, shift=range(10)), [_rows(32)], alpha=0.05)
+    assert moved.status == Status.FAIL and moved.exceed == 10 and moved.first == (0, 0)
+    assert divergence.divergence_cell(ref, _rows(32, shift=range(4)), [_rows(32)], 0.05).status == Status.PASS
+    assert divergence.divergence_cell(ref, _rows(32), [_rows(32)], 0.05).status == Status.PASS
+    unstable = divergence.divergence_cell(ref, _rows(32, shift=range(10)), [_rows(32, shift=range(8))], 0.05)
+    assert unstable.status == Status.INVALID and "unstable" in unstable.reasons[0]
+
+
+def _greedy(n, diverge=(), at=3):
+    return [{"index": i, "prompt": f"p{i}", "token_ids": [1, 2, 3, 4, 5][:at] + ([9] if i in diverge else [4]),
+             "logprobs": [-0.1] * (at + 1), "top": [[[1, -0.1], [2, -3.0]]] * (at + 1)} for i in range(n)]
+
+
+def test_parity_cell_counts_prompts_that_diverge_earlier_than_the_aa():
+    cell = divergence.parity_cell(_greedy(32), _greedy(32, diverge=range(7)), [_greedy(32)], 0.05)
+    assert cell.status == Status.FAIL and cell.exceed == 7 and cell.first == (0, 3)
+    assert cell.ab["exact_match_rate_pct"] == pytest.approx(100 * 25 / 32)
+    same = divergence.parity_cell(_greedy(32), _greedy(32, diverge=range(7)), [_greedy(32, diverge=range(7))], 0.05)
+    assert same.status == Status.INVALID   # the baseline itself diverges on 7 prompts
+
+
+def test_recorded_aa_false_fail_rate_is_within_alpha_and_the_recorded_pairs_are_judged_right():
+    result = divergence_simulation.simulate(resamples=50)
+    for cell, rate in result["aa"].items():
+        assert rate["judged"] >= 400
+        assert rate["false_fail_rate"] <= result["cell_alpha"], cell
+        assert rate["invalid_rate"] == 0.0, cell
+    assert result["ab"]["candidate-1"] == {"token_divergence": "PASS", "parity": "PASS"}   # harmless: compile off
+    assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "parity": "FAIL"}
