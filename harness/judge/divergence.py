@@ -1,6 +1,6 @@
 """The correctness family of gated cells: token-level divergence and output parity, each judged against the A/A
 envelope the same run measured. Pure: functions of scorings and parity rows (:mod:`harness.run.scoring`,
-:mod:`harness.run.parity`), no files.
+:mod:`harness.run.parity` rows), no files.
 
 **Unit of replication: the prompt** (the parity prompts, 32 on the CPU default). Both cells compare the A/B
 comparison (the reference — the baseline's first session, all prompts at once — against the candidate) with the
@@ -35,15 +35,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from harness.run import parity, scoring
+from harness.judge import token_compare
 from harness.rundir.schema import Status
 
 FAMILY = "correctness"
 CELLS = ("token_divergence", "parity")
 TOKEN_TOLERANCE = 0.01
 """Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie. One bf16 rounding step of a logit near
-10 is ≈ 0.04 nats (8 significant bits, 2⁻⁸ relative; :data:`harness.run.parity.DEFAULT_NEAR_TIE_TOL` is the
-per-token tie of 0.05); the floor allows such a step at a quarter of a prompt's positions. Recorded on the default
+10 is ≈ 0.04 nats (8 significant bits, 2⁻⁸ relative; parity's ``DEFAULT_NEAR_TIE_TOL`` is the per-token tie
+of 0.05); the floor allows such a step at a quarter of a prompt's positions. Recorded on the default
 (``scoring-aa/``): the harmless candidate (CompilationMode.NONE vs VLLM_COMPILE) reaches 0.00096 at most (max per
 token 0.045, no arg-max flip); the ``indexer-rope-flip`` injection 0.13–1.66 on every prompt."""
 
@@ -54,7 +54,7 @@ class CorrectnessCell:
 
     ``exceed``/``below``/``ties``: prompt counts (module docstring); ``p_fail``: the sign test's one-sided p-value;
     ``alpha``: the level it is tested at (α / 2). ``ab``/``aa``: run summaries of the A/B and envelope
-    (:func:`harness.run.scoring.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
+    (:func:`harness.judge.token_compare.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
     (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` of A/B and A/A, sorted (the report's CDF).
     """
 
@@ -122,8 +122,8 @@ def _per_prompt_mean(comparison: Mapping[str, Any]) -> dict[int, float]:
 def token_values(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]]
                  ) -> tuple[dict[int, float], dict[int, float]]:
     """Per prompt the A/B mean ``|Δ log p|`` and the A/A envelope (the larger A/A value), nats / token."""
-    ab = _per_prompt_mean(scoring.compare_scores(reference, candidate))
-    aa_values = [_per_prompt_mean(scoring.compare_scores(reference, rows)) for rows in aa]
+    ab = _per_prompt_mean(token_compare.compare_scores(reference, candidate))
+    aa_values = [_per_prompt_mean(token_compare.compare_scores(reference, rows)) for rows in aa]
     return ab, {i: max(values[i] for values in aa_values) for i in ab}
 
 
@@ -149,13 +149,13 @@ def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], 
     keys = sorted(ab)
     exceed, below, unstable = token_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
     cell = _verdict("token_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
-    ab_cmp = scoring.compare_scores(reference, candidate)
-    aa_cmps = [scoring.compare_scores(reference, rows) for rows in aa]
+    ab_cmp = token_compare.compare_scores(reference, candidate)
+    aa_cmps = [token_compare.compare_scores(reference, rows) for rows in aa]
     cell.first = next(((p["index"], pos) for p in ab_cmp["prompts"] for pos, d in enumerate(p["abs_dlogp"])
                        if ab[p["index"]] > envelope[p["index"]] + tolerance and d > tolerance), None)
     aa_tokens = [v for c in aa_cmps for p in c["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)]
     cell.ab = {**ab_cmp["summary"], "kl_lb_max": _max_kl(ab_cmp)}
-    cell.aa = {**scoring.summary(aa_tokens, [f for c in aa_cmps for p in c["prompts"] for f in p["flip"]]),
+    cell.aa = {**token_compare.summary(aa_tokens, [f for c in aa_cmps for p in c["prompts"] for f in p["flip"]]),
                "comparisons": len(aa_cmps)}
     cell.cdf = {"ab": sorted(v for p in ab_cmp["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)),
                 "aa": sorted(aa_tokens)}
@@ -169,8 +169,11 @@ def _max_kl(comparison: Mapping[str, Any]) -> float | None:
 
 def _first_positions(reference: Sequence[Mapping], other: Sequence[Mapping]) -> dict[int, float]:
     """Per prompt the first greedy divergence position of ``other`` against ``reference`` (∞ when identical)."""
-    result = parity.compare(reference, other)
-    return {int(p["prompt_index"]): math.inf if p["match"] else float(p["position"]) for p in result["prompts"]}
+    by_index = {int(row["index"]): row for row in other}
+    if sorted(by_index) != sorted(int(row["index"]) for row in reference):
+        raise ValueError("the parity collections cover different prompts")
+    return {int(row["index"]): token_compare.first_divergence(row["token_ids"], by_index[int(row["index"])]["token_ids"])
+            for row in reference}
 
 
 def parity_values(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]]

@@ -11,7 +11,7 @@ of ``{token_id: Logprob(logprob, rank, decoded_token)}`` with ``None`` at positi
 ``completion/serving.py:587``). ``top_k`` is capped by the server's ``--max-logprobs`` (vLLM default 20,
 ``config/model.py:282``). Only the continuation's positions are kept: what the model predicts after the prompt.
 
-:func:`compare_scores` compares two scorings of the same sequences, per position:
+:func:`harness.judge.token_compare.compare_scores` compares two scorings of the same sequences, per position:
 
 - ``abs_dlogp``: ``|log p_A(t) − log p_B(t)|`` of the forced token ``t`` (nats);
 - ``kl_lb``: a lower bound of ``KL(p_A ‖ p_B)`` from the top-k alone: both distributions coarse-grained onto the
@@ -32,18 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from harness.rundir import store as records
 from harness.rundir.store import RunDir
 
 SCORING_DIR = "scoring"
 DEFAULT_TOP_K = 20
 """vLLM's default ``max_logprobs`` (``config/model.py:282``): the most a server started without the flag returns."""
-
-
-REST_ROUNDING = 1e-9
-"""Probability mass left outside a top-k that is float64 rounding of ``1 − Σ exp(logprob)``, not a real remainder."""
 
 
 def sequences_of(baseline_rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -112,60 +106,6 @@ def score(base_url: str, served_model_name: str, sequences: Sequence[Mapping[str
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(len(sequences), concurrency or len(sequences)))) as pool:
         return list(pool.map(one, sequences))
-
-
-def _coarse_kl(top_a: Sequence[Sequence[float]], top_b: Sequence[Sequence[float]]) -> float:
-    """KL of the two top-k lists coarse-grained onto their common ids + one rest bucket (nats, ≥ 0)."""
-    a, b = {int(t): math.exp(lp) for t, lp in top_a}, {int(t): math.exp(lp) for t, lp in top_b}
-    common = a.keys() & b.keys()
-    pa, pb = [a[t] for t in common], [b[t] for t in common]
-    rest = [1.0 - sum(pa), 1.0 - sum(pb)]      # below REST_ROUNDING: the top-k held all the mass
-    pa.append(rest[0] if rest[0] > REST_ROUNDING else 0.0)
-    pb.append(rest[1] if rest[1] > REST_ROUNDING else 0.0)
-    total = sum(p * math.log(p / q) if q > 0 else math.inf for p, q in zip(pa, pb) if p > 0)
-    return max(0.0, total)
-
-
-def compare_positions(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, list]:
-    """Two scorings of one sequence → per continuation position ``abs_dlogp``, ``kl_lb`` and ``flip``
-    (see the module docstring); positions where either forced logprob is missing are left out of ``abs_dlogp``."""
-    dlogp, kl, flip = [], [], []
-    for lp_a, lp_b, top_a, top_b in zip(a["logprobs"], b["logprobs"], a["top"], b["top"]):
-        dlogp.append(abs(lp_a - lp_b) if math.isfinite(lp_a) and math.isfinite(lp_b) else float("nan"))
-        kl.append(_coarse_kl(top_a, top_b) if top_a and top_b else float("nan"))
-        flip.append(bool(top_a and top_b and int(top_a[0][0]) != int(top_b[0][0])))
-    return {"abs_dlogp": dlogp, "kl_lb": kl, "flip": flip}
-
-
-def summary(values: Sequence[float], flips: Sequence[bool]) -> dict[str, float | None]:
-    """Median, p99 and max of the finite ``values`` and the share of ``flips``."""
-    finite = np.asarray([v for v in values if math.isfinite(v)], dtype=float)
-    if finite.size == 0:
-        return {"median": None, "p99": None, "max": None, "flip_share": None, "positions": 0}
-    return {"median": float(np.median(finite)), "p99": float(np.quantile(finite, 0.99)), "max": float(finite.max()),
-            "flip_share": float(np.mean(flips)) if len(flips) else None, "positions": int(finite.size)}
-
-
-def compare_scores(a_rows: Sequence[Mapping[str, Any]], b_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Two scorings of the same sequences → ``{"prompts": [{"index", "abs_dlogp", "kl_lb", "flip", "summary"}],
-    "summary": ...}`` (per prompt and over every position of the run).
-
-    Raises:
-        ValueError: the two cover different sequences or lengths.
-    """
-    by_index = {int(row["index"]): row for row in b_rows}
-    if sorted(by_index) != sorted(int(row["index"]) for row in a_rows):
-        raise ValueError("the two scorings cover different sequences")
-    prompts = []
-    for row in sorted(a_rows, key=lambda r: int(r["index"])):
-        other = by_index[int(row["index"])]
-        if len(other["logprobs"]) != len(row["logprobs"]):
-            raise ValueError(f"sequence {row['index']}: the scorings have different lengths")
-        positions = compare_positions(row, other)
-        prompts.append({"index": int(row["index"]), **positions,
-                        "summary": summary(positions["abs_dlogp"], positions["flip"])})
-    every = [v for p in prompts for v in p["abs_dlogp"]]
-    return {"prompts": prompts, "summary": summary(every, [f for p in prompts for f in p["flip"]])}
 
 
 # ------------------------------------------------------------------------------------------------- run-dir files
