@@ -55,7 +55,7 @@ class CorrectnessCell:
     ``exceed``/``below``/``ties``: prompt counts (module docstring); ``p_fail``: the sign test's one-sided p-value;
     ``alpha``: the level it is tested at (α / 2). ``ab``/``aa``: run summaries of the A/B and envelope
     (:func:`harness.judge.token_compare.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
-    (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` of A/B and A/A, sorted (the report's CDF).
+    (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` quantiles (0–100 %) of A/B and A/A (the report's CDF).
     """
 
     name: str
@@ -157,9 +157,14 @@ def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], 
     cell.ab = {**ab_cmp["summary"], "kl_lb_max": _max_kl(ab_cmp)}
     cell.aa = {**token_compare.summary(aa_tokens, [f for c in aa_cmps for p in c["prompts"] for f in p["flip"]]),
                "comparisons": len(aa_cmps)}
-    cell.cdf = {"ab": sorted(v for p in ab_cmp["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)),
-                "aa": sorted(aa_tokens)}
+    ab_tokens = [v for p in ab_cmp["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)]
+    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": _quantiles(ab_tokens), "aa": _quantiles(aa_tokens)}
     return cell
+
+
+def _quantiles(values: Sequence[float]) -> list[float]:
+    """The 0, 1, …, 100 % quantiles of ``values`` (empty: [])."""
+    return [float(v) for v in np.quantile(values, np.linspace(0, 1, 101))] if len(values) else []
 
 
 def _max_kl(comparison: Mapping[str, Any]) -> float | None:
@@ -212,3 +217,53 @@ def parity_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: 
     cell.aa = {"exact_match_rate_pct": 100.0 * sum(1 for v in envelope.values() if math.isinf(v)) / total,
                "comparisons": len(aa)}
     return cell
+
+
+# ---------------------------------------------------------------------------------------------------- the family
+SCORINGS = ("baseline", "baseline-one", "baseline-2", "candidate")
+"""The run's scoring labels (``scoring/<label>.json``; the runner's ``arm_checks.SCORING_LABELS``): the reference,
+its one-at-a-time batch, the baseline's second session and the candidate. The A/A parity collections carry the same
+labels (``parity/<label>.json``); ``parity/baseline.json`` and ``parity/candidate.json`` are the usual pair."""
+AA_LABELS = ("baseline-one", "baseline-2")
+
+
+def judge(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
+          alpha: float) -> list[CorrectnessCell]:
+    """Both cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and ``greedy``
+    keyed by :data:`SCORINGS` labels. An A/A label may be missing (a run of one session has no ``baseline-2``: the
+    envelope is then the batch composition alone, and a note says so); a missing reference or candidate, or no A/A
+    at all, makes the cell INVALID with the file to fix."""
+    cells = []
+    for name, data, build in (("token_divergence", scorings, divergence_cell), ("parity", greedy, parity_cell)):
+        folder = "scoring" if name == "token_divergence" else "parity"
+        missing = [f"{folder}/{label}.json" for label in ("baseline", "candidate") if data.get(label) is None]
+        aa = [data[label] for label in AA_LABELS if data.get(label) is not None]
+        if not aa:
+            missing.append(f"{folder}/{{{','.join(AA_LABELS)}}}.json (the A/A envelope)")
+        if missing:
+            cells.append(CorrectnessCell(name, Status.INVALID, [
+                f"{', '.join(missing)} absent: the server died or the run predates the correctness cells; rerun "
+                "(dsa-bench compare --resume) or set [parity] gated = false"]))
+            continue
+        try:
+            cell = build(data["baseline"], data["candidate"], aa, alpha)
+        except ValueError as error:
+            cell = CorrectnessCell(name, Status.INVALID, [f"{folder}: {error}; rerun the run's checks"])
+        if len(aa) < len(AA_LABELS):
+            cell.reasons.append("A/A envelope from " + ", ".join(l for l in AA_LABELS if data.get(l) is not None)
+                                + " only")
+        cells.append(cell)
+    return cells
+
+
+def merge(status: Status, reason: str, cells: Sequence[CorrectnessCell]) -> tuple[Status, str]:
+    """The run's verdict with the correctness family: FAIL when a cell FAILs (the reason names its first divergent
+    prompt and token), else INVALID when one is INVALID and the rest did not FAIL; otherwise unchanged."""
+    failed = [c for c in cells if c.status == Status.FAIL]
+    if failed:
+        return Status.FAIL, "; ".join(c.describe() for c in failed) + (
+            f" (and: {reason})" if status == Status.FAIL else "")
+    invalid = [c for c in cells if c.status == Status.INVALID]
+    if invalid and status != Status.FAIL:
+        return Status.INVALID, "; ".join(c.describe() for c in invalid)
+    return status, reason
