@@ -96,3 +96,83 @@ def test_recorded_aa_false_fail_rate_is_within_alpha_and_the_recorded_pairs_are_
         assert rate["invalid_rate"] == 0.0, cell
     assert result["ab"]["candidate-1"] == {"token_divergence": "PASS", "parity": "PASS"}   # harmless: compile off
     assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "parity": "FAIL"}
+
+
+# ------------------------------------------------------------------------------------------- in the gate and runner
+import importlib.util
+import json
+from pathlib import Path
+
+from harness import gate
+from harness.judge.policy import GatePolicy
+from harness.run import arm_checks
+from harness.run.scenario import ParitySpec
+
+_SPEC = importlib.util.spec_from_file_location(
+    "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")
+aa_split = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(aa_split)
+RECORDED = divergence_simulation.load()
+
+
+def _gated_run(tmp_path, candidate: str | None, **scenario):
+    """A synthetic A/A performance run whose manifest gates tokens, with the recorded scorings and greedy outputs of
+    baseline-1 (reference, and its one-at-a-time batch), baseline-2 and ``candidate`` (None: no scoring files)."""
+    manifest, levels, requests = aa_split.aa_run(8, identical=True)
+    manifest["scenario"]["parity"] = {"gated": True}
+    manifest["scenario"]["model"] = {"load_format": "safetensors"}
+    manifest["scenario"].update(scenario)
+    run_dir = aa_split.write_run(tmp_path / "run", manifest, levels, requests, None)
+    if candidate is not None:
+        sources = {"baseline": ("baseline-1", "all"), "baseline-one": ("baseline-1", "one"),
+                   "baseline-2": ("baseline-2", "all"), "candidate": (candidate, "all")}
+        for label, (session, batch) in sources.items():
+            for folder, key in (("scoring", "scores"), ("parity", "parity")):
+                (run_dir / folder).mkdir(exist_ok=True)
+                (run_dir / folder / f"{label}.json").write_text(json.dumps({"results": RECORDED[session][key][batch]}))
+    return run_dir
+
+
+PERF = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))
+
+
+def test_the_gate_fails_a_harmful_candidate_and_names_the_first_divergent_prompt(tmp_path):
+    result = gate.run_gate(_gated_run(tmp_path, "candidate-rope"), PERF)
+    assert result.status == Status.FAIL and "first divergence: prompt" in result.reason
+    document = json.loads((result.run_dir / gate.VERDICT).read_text())
+    assert [c["result"] for c in document["correctness"]] == ["FAIL", "FAIL"]
+    assert "first divergent prompt" in (result.run_dir / gate.SUMMARY).read_text()
+
+
+def test_the_gate_keeps_a_harmless_candidate_and_goes_invalid_without_scorings(tmp_path):
+    harmless = gate.run_gate(_gated_run(tmp_path / "a", "candidate-1"), PERF)
+    assert harmless.status == Status.PASS and [c.status for c in harmless.correctness] == [Status.PASS] * 2
+    missing = gate.run_gate(_gated_run(tmp_path / "b", None), PERF)
+    assert missing.status == Status.INVALID and "scoring/baseline.json" in missing.reason
+    dummy = gate.run_gate(_gated_run(tmp_path / "c", None, model={"load_format": "dummy"}), PERF)
+    assert dummy.status == Status.PASS and dummy.correctness == []
+
+
+class _Server:
+    base_url, served_model_name, headers = "http://stub", "m", {}
+
+
+def test_collect_scoring_waits_for_the_baseline_and_stores_each_sessions_labels(tmp_path, monkeypatch):
+    spec = ParitySpec(n=2)
+    seen = []
+    monkeypatch.setattr(scoring, "score", lambda url, model, seqs, concurrency=None, headers=None:
+                        seen.append(("score", concurrency)) or [{"index": s["index"]} for s in seqs])
+    monkeypatch.setattr(arm_checks.parity, "collect", lambda *a, concurrency=None, **k:
+                        seen.append(("parity", concurrency)) or [])
+    from rich.console import Console
+    console = Console(file=open("/dev/null", "w"))
+    assert arm_checks.collect_scoring(tmp_path, "candidate", 1, _Server(), spec, console) == 0.0   # no baseline yet
+    rows = [{"index": i, "prompt": "p", "token_ids": [1], "logprobs": [-0.1], "top": [], "prompt_token_ids": [5]}
+            for i in range(2)]
+    arm_checks.parity.save_arm(tmp_path, "baseline", rows)
+    arm_checks.collect_scoring(tmp_path, "baseline", 1, _Server(), spec, console)
+    arm_checks.collect_scoring(tmp_path, "candidate", 1, _Server(), spec, console)
+    arm_checks.collect_scoring(tmp_path, "baseline", 2, _Server(), spec, console)
+    arm_checks.collect_scoring(tmp_path, "baseline", 2, _Server(), spec, console)            # done: nothing again
+    assert sorted(p.stem for p in (tmp_path / "scoring").glob("*.json")) == sorted(divergence.SCORINGS)
+    assert seen == [("score", None), ("parity", 1), ("score", 1), ("score", None), ("parity", None), ("score", None)]
