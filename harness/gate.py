@@ -51,6 +51,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from harness.judge import divergence
 from harness.judge.design_costs import run_noise
 from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
@@ -91,6 +92,7 @@ class GateResult:
     document: dict[str, Any] = field(default_factory=dict)
     written: list[Path] = field(default_factory=list)
     write_errors: list[str] = field(default_factory=list)
+    correctness: list[divergence.CorrectnessCell] = field(default_factory=list)   # token divergence, parity
 
     @property
     def exit_code(self) -> int:
@@ -185,6 +187,29 @@ def look(run_dir: Path) -> Verdict | None:
     return replace(verdict, status=Status.INCONCLUSIVE, reason="no session-replicated cell decided")
 
 
+def tokens_gated(manifest: Manifest) -> bool:
+    """Whether the run was planned with the correctness cells: ``[parity] gated`` recorded true (a manifest from
+    before the cells lacks the key: not gated) and real weights
+    (never ``load_format = "dummy"``: why, in ``harness.run.scenario.ParitySpec.gated``)."""
+    return (manifest.scenario_value("parity", "gated") is True
+            and manifest.scenario_value("model", "load_format") != "dummy")
+
+
+def correctness_cells(store: RunDir, manifest: Manifest | None, policy: GatePolicy) -> list[divergence.CorrectnessCell]:
+    """The correctness family (:func:`harness.judge.divergence.judge`) from ``scoring/`` and ``parity/`` (none when
+    the run does not gate tokens).
+
+    Raises:
+        RunDirError: a file exists but is not valid JSON.
+    """
+    if manifest is None or not tokens_gated(manifest):
+        return []
+    fix = "rerun the run's checks (dsa-bench compare --resume)"
+    read = {folder: {label: (store.read_json(f"{folder}/{label}.json", fix) or {}).get("results")
+                     for label in divergence.SCORINGS} for folder in ("scoring", "parity")}
+    return divergence.judge(read["scoring"], read["parity"], policy.alpha)
+
+
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:
     """Compute the verdict of ``run_dir`` and (``write``) write ``verdict.json``, ``summary.md`` and
     ``benchmark.pytorch.json`` into it, appending the summary to ``$GITHUB_STEP_SUMMARY`` when set.
@@ -217,8 +242,10 @@ def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = T
     if levels is not None:
         try:
             result.verdict = evaluate(result.manifest, levels, requests, accuracy, policy)
-            result.status, result.reason = result.verdict.status, result.verdict.reason
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            result.correctness = correctness_cells(store, result.manifest, policy)
+            result.status, result.reason = divergence.merge(result.verdict.status, result.verdict.reason,
+                                                            result.correctness)
+        except (ValueError, TypeError, KeyError, AttributeError, RunDirError) as error:
             # Data the checks did not anticipate: never a PASS, and say what broke.
             result.reason = f"could not evaluate the run's data ({type(error).__name__}: {error})"
             levels = None
@@ -291,6 +318,7 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,
         "noise": _noise(result),
         "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
+        "correctness": [c.to_dict() for c in result.correctness],
     }
 
 

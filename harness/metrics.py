@@ -22,6 +22,9 @@ import numpy as np
 
 Source = Literal["level", "request", "spec", "accuracy"]
 
+MTP_POSITIONS = 3
+"""Draft positions with a per-position acceptance metric: the most any scenario drafts (GLM-5.2, 3 MTP tokens)."""
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -141,6 +144,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            formula="1 + accepted draft tokens / drafts over the measured window"),
     Metric("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0, "acceptance_rate",
            formula="accepted draft tokens / draft tokens over the measured window"),
+    *(Metric(f"acceptance_pos_{k}", f"MTP acceptance at draft position {k}", "", True, "spec", -2.0,
+             "acceptance_per_pos",
+             formula=f"accepted draft tokens at position {k} / drafts over the measured window "
+                     "(vllm:spec_decode_num_accepted_tokens_per_pos{position=k-1} / vllm:spec_decode_num_drafts): "
+                     "a defect that hurts only later draft positions (vLLM #46075) shows here, not in the mean")
+      for k in range(1, MTP_POSITIONS + 1)),
     Metric("gsm8k_accuracy", "GSM8K accuracy", "%", True, "accuracy", -1.0,
            formula="exact_match of the gated lm-eval filter"),
 )}

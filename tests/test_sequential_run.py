@@ -25,7 +25,8 @@ from fakes.support import StubServer
 CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, has_triton=False)
 RECORDING = "tests/fixtures/recorded/record-sessions.toml"
 GATE = {"gate.primary": ["output_throughput"], "gate.require_attestation": False, "gate.min_sessions": 3,
-        "accuracy.enabled": False, "workload.concurrency": [1, 4], "workload.rounds_per_session": 1}
+        "accuracy.enabled": False, "workload.concurrency": [1, 4], "workload.rounds_per_session": 1,
+        "parity.gated": False}   # parity is replaced below: no scorings, so no correctness cells
 
 
 def _plan(**overrides) -> plan_mod.Plan:

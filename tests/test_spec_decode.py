@@ -296,3 +296,36 @@ def test_repeats_are_pooled_by_counts_not_averaged_ratios():
     assert row["acceptance_length"] == pytest.approx(1.5)             # 1 + 200 / 400
     assert row["per_position"] == pytest.approx([25.0, 25.0])
     assert mtp_section(frame, Manifest(run_id="r", scenario={"mtp": {"num_speculative_tokens": 0}})).startswith("MTP is off")
+
+
+def test_per_position_acceptance_cells_fail_a_loss_at_a_later_position_only():
+    """acceptance_pos_<k> read from levels.csv acceptance_per_pos: a candidate that keeps position 1 and loses at
+    position 2 FAILs acceptance_pos_2 and not acceptance_pos_1 (synthetic A/A performance data, tests/fixtures)."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    from harness.judge.policy import GatePolicy, Status
+    from harness.judge.verdict import evaluate
+    from harness.rundir.schema import Manifest
+
+    spec = importlib.util.spec_from_file_location("aa_split", Path(__file__).parent / "fixtures" / "recorded" /
+                                                  "aa_split.py")
+    aa_split = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa_split)
+    manifest, levels, requests = aa_split.aa_run(8, identical=True)
+    rng = np.random.default_rng(0)
+    cand = levels["arm"] == "candidate"
+    first = 0.8 + rng.normal(0, 0.005, len(levels))
+    second = np.where(cand, 0.4, 0.6) + rng.normal(0, 0.005, len(levels))
+    levels = levels.assign(spec_drafts=1000.0, spec_draft_tokens=2000.0, spec_accepted_tokens=1000.0 * (first + second),
+                           acceptance_per_pos=[f"{a:.4f};{b:.4f}" for a, b in zip(first, second)])
+    policy = GatePolicy(primary=("acceptance_pos_1", "acceptance_pos_2"), require_attestation=False)
+    verdict = evaluate(Manifest.model_validate(manifest), levels, requests, None, policy)
+    by_metric = {}
+    for cell in verdict.primary:
+        by_metric.setdefault(cell.metric, set()).add(cell.status)
+    assert by_metric["acceptance_pos_2"] == {Status.FAIL}
+    assert Status.FAIL not in by_metric["acceptance_pos_1"]
+    assert not any(c.metric == "acceptance_pos_3" for c in verdict.cells)   # never drafted: not shown

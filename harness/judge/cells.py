@@ -52,6 +52,14 @@ def _spec_values(row) -> float | None:
     return value if value is not None and value > 0 else None
 
 
+def _position_rate(row, position: int) -> float | None:
+    """Acceptance at draft ``position`` (1-based) of one repeat, from ``levels.csv`` ``acceptance_per_pos`` (rates
+    joined by ``;``, :mod:`harness.run.spec_decode`); None where the run drafted fewer positions."""
+    cell = row.get("acceptance_per_pos")
+    parts = str(cell).split(";") if isinstance(cell, str) else [cell]
+    return finite_float(parts[position - 1]) if position <= len(parts) else None
+
+
 def _spec_rate(row) -> float | None:
     draft_tokens, accepted = finite_float(row.get("spec_draft_tokens")), finite_float(row.get("spec_accepted_tokens"))
     if draft_tokens is not None and accepted is not None:
@@ -97,8 +105,12 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
 
 
 def _has_data(spec: Metric, levels) -> bool:
-    """False for an MTP metric without MTP columns and a server-side metric without its column's values (a run
+    """False for an MTP metric without MTP columns (a draft position the run never drafted: likewise) and a server-side metric without its column's values (a run
     recorded without ``/metrics`` captures): a diagnostic cell is then left out rather than shown INVALID."""
+    if spec.column == "acceptance_per_pos":
+        position = int(spec.name.rsplit("_", 1)[1])
+        return "acceptance_per_pos" in levels.columns and any(
+            _position_rate({"acceptance_per_pos": v}, position) is not None for v in levels["acceptance_per_pos"])
     if spec.source == "spec":
         return _has_spec_data(levels)
     if spec.name in SERVER_SIDE:
@@ -216,7 +228,9 @@ def _cell_values(spec: Metric, row, frame, levels) -> np.ndarray | str:
             return f"levels.csv {spec.column} is empty or not positive"
         return np.array([value])
     if spec.source == "spec":
-        value = _spec_values(row) if spec.name == "acceptance_length" else _spec_rate(row)
+        value = (_spec_values(row) if spec.name == "acceptance_length" else
+                 _position_rate(row, int(spec.name.rsplit("_", 1)[1])) if spec.column == "acceptance_per_pos" else
+                 _spec_rate(row))
         if value is None or value <= 0:
             return f"no MTP {spec.name} in this window (no drafts, or a zero rate: a ratio is undefined)"
         return np.array([value])

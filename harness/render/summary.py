@@ -41,6 +41,7 @@ def render(view: VerdictView) -> str:
     accuracy = view.cell_map().get(("gsm8k_accuracy", None))
     if accuracy is not None:
         lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
+    lines += _correctness_lines(document.correctness)
     shown = {"output_throughput", "mean_tpot_ms", "acceptance_length", "gsm8k_accuracy"}
     others = [c for c in document.cells if c.metric not in shown]
     if others:
@@ -102,6 +103,27 @@ def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:
             f"candidate {acc['candidate_pct']:.2f} ± {acc['candidate_stderr_pct']:.2f} %, Δ {delta_text(cell)} "
             f"(margin {cell.margin:+g} pt); discordant {mc['baseline_only']} baseline-only / {mc['candidate_only']} "
             f"candidate-only, McNemar exact p = {mc['p_value']:.3g} · {status_text(cell.result)}")
+
+
+def _correctness_lines(cells) -> list[str]:
+    """The correctness family: per cell its outcome against the A/A envelope and, when it FAILs, the first divergent
+    prompt and token (0-based index into the continuation)."""
+    lines = []
+    for cell in cells:
+        if cell.result == "INVALID":
+            lines.append(f"**{cell.name}** (vs the A/A envelope): {status_text(cell.result)} — {'; '.join(cell.reasons)}")
+            continue
+        figures = (f"per-token |Δ log p| A/B p99 {fmt(cell.ab.get('p99'), 4)}, max {fmt(cell.ab.get('max'), 4)} nats, "
+                   f"arg-max flips {fmt(100 * (cell.ab.get('flip_share') or 0.0), 1)} % · A/A max "
+                   f"{fmt(cell.aa.get('max'), 4)}" if cell.name == "token_divergence" else
+                   f"exact match A/B {fmt(cell.ab.get('exact_match_rate_pct'))} %, A/A "
+                   f"{fmt(cell.aa.get('exact_match_rate_pct'))} %")
+        first = (f"; first divergent prompt {cell.first[0]} at token {cell.first[1]}"
+                 if cell.first is not None and cell.result == "FAIL" else "")
+        lines.append(f"**{cell.name}** (vs the A/A envelope): {figures}; {cell.exceed} prompt(s) beyond it, "
+                     f"{cell.below} within it by more, sign test p = {cell.p_fail:.3g} (α/2 = {cell.alpha:g})"
+                     f"{first} · {status_text(cell.result)}")
+    return lines + [""] if lines else []
 
 
 def _details(view: VerdictView) -> list[str]:

@@ -12,11 +12,16 @@ import requests
 from rich.console import Console
 from rich.markup import escape
 
-from harness.run import accuracy, parity
+from harness.run import accuracy, parity, scoring
 from harness.run.scenario import AccuracySpec, ParitySpec
 from harness.rundir import schema
 
-__all__ = ["collect_parity", "run_gsm8k", "finish"]
+__all__ = ["collect_parity", "collect_scoring", "run_gsm8k", "finish", "SCORING_LABELS"]
+
+SCORING_LABELS = ("baseline", "baseline-one", "baseline-2", "candidate")
+"""The scorings a gated run collects (:mod:`harness.judge.divergence`): the reference (baseline, first session, all
+prompts at once), its second batch composition (first session, one at a time), the baseline's second session, and
+the candidate's first. The parity A/A collections have the same labels (``parity/<label>.json``)."""
 
 
 def collect_parity(run_dir: Path, arm: str, server, spec: ParitySpec, console: Console) -> float:
@@ -30,6 +35,40 @@ def collect_parity(run_dir: Path, arm: str, server, spec: ParitySpec, console: C
                        max_tokens=spec.max_tokens, prompts=spec.prompts, ignore_eos=spec.ignore_eos)
     except (requests.RequestException, ValueError) as error:
         console.print(f"[yellow]{arm}: parity prompts failed ({escape(str(error))}); the report will say so[/]")
+    return time.monotonic() - started
+
+
+def _labels_due(arm: str, session: int) -> list[str]:
+    """The scoring labels ``arm``'s ``session`` (1-based) provides."""
+    if arm == "baseline":
+        return {1: ["baseline", "baseline-one"], 2: ["baseline-2"]}.get(session, [])
+    return ["candidate"] if arm == "candidate" else []
+
+
+def collect_scoring(run_dir: Path, arm: str, session: int, server, spec: ParitySpec, console: Console) -> float:
+    """The scorings and A/A parity collections this server session provides (:data:`SCORING_LABELS`), once the
+    baseline's parity outputs (the forced sequences) exist; a label already on disk is skipped (resume, a candidate
+    restarted). A failure is printed and left for the gate (the cells go INVALID). Returns the seconds spent."""
+    base = parity.load_arm(run_dir, "baseline")
+    todo = [label for label in _labels_due(arm, session) if scoring.load(run_dir, label) is None]
+    if base is None or not todo:
+        return 0.0
+    started = time.monotonic()
+    try:
+        sequences = scoring.sequences_of(base)
+        prompts = parity.prompts_of(spec.prompts, spec.n)
+        for label in todo:
+            one = label.endswith("-one")
+            if label != "candidate" and label != "baseline":
+                rows = parity.collect(server.base_url, server.served_model_name, prompts, spec.max_tokens,
+                                      server.headers, concurrency=1 if one else None, ignore_eos=spec.ignore_eos)
+                parity.save_arm(run_dir, label, rows, {"concurrency": 1 if one else spec.n})
+            rows = scoring.score(server.base_url, server.served_model_name, sequences, concurrency=1 if one else None,
+                                 headers=server.headers)
+            scoring.save(run_dir, label, rows, {"top_k": scoring.DEFAULT_TOP_K, "concurrency": 1 if one else len(rows),
+                                                "arm": arm, "session": session})
+    except (requests.RequestException, ValueError) as error:
+        console.print(f"[yellow]{arm}: scoring failed ({escape(str(error))}); the correctness cells will say so[/]")
     return time.monotonic() - started
 
 

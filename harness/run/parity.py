@@ -97,8 +97,9 @@ def _token_id(key: str) -> int:
 
 def parse_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
     """One ``/v1/completions`` choice (requested as :func:`request_body` does) → ``{"token_ids", "logprobs",
-    "top"}``: the generated ids, each id's logprob, and per position the top entries ``[[id, logprob], ...]``
-    sorted by logprob (descending).
+    "top", "prompt_token_ids"}``: the generated ids, each id's logprob, per position the top entries
+    ``[[id, logprob], ...]`` sorted by logprob (descending), and the prompt's ids as the server tokenized them
+    (``CompletionResponseChoice.prompt_token_ids``; what :mod:`harness.run.scoring` forces).
 
     Raises:
         ValueError: the choice lacks ``token_ids`` or ``logprobs`` (the server ignored ``return_token_ids``).
@@ -114,7 +115,9 @@ def parse_choice(choice: Mapping[str, Any]) -> dict[str, Any]:
     chosen = [float(v) if v is not None else float("nan") for v in logprobs["token_logprobs"]]
     if len(chosen) != len(token_ids):
         raise ValueError(f"token_ids ({len(token_ids)}) and token_logprobs ({len(chosen)}) differ in length")
-    return {"token_ids": [int(t) for t in token_ids], "logprobs": chosen, "top": top}
+    prompt_ids = choice.get("prompt_token_ids")
+    return {"token_ids": [int(t) for t in token_ids], "logprobs": chosen, "top": top,
+            "prompt_token_ids": None if prompt_ids is None else [int(t) for t in prompt_ids]}
 
 
 def request_body(served_model_name: str, prompt: str, max_tokens: int, seed: int = 0,

@@ -28,6 +28,7 @@ from harness.rundir.schema import LevelKey, Manifest
 from harness.rundir.store import RunDir
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan, multi_node
+from harness.run.scenario import gates_tokens
 from harness.run.start import now, schedule
 from harness.run.startup import startup_from_log
 from harness.run.server import RemoteServer, ServerError, VllmServer, free_port, request_successes
@@ -260,9 +261,18 @@ class Runner:
 
     # ----------------------------------------------------------------------------------------------- accuracy
     def _parity(self, arm: str, server: VllmServer | RemoteServer) -> None:
-        """Greedy outputs of the parity prompts, once per arm before its sweep (harness.run.arm_checks)."""
+        """Greedy outputs of the parity prompts, once per arm before its sweep, then the scorings every live server's
+        session provides (harness.run.arm_checks; not on dummy weights, :func:`gates_tokens`)."""
         self.timing["parity_s"] += arm_checks.collect_parity(self.run_dir, arm, server, self.plan.scenario.parity,
                                                              self.console)
+        scenario = self.plan.scenario
+        if not gates_tokens(scenario.model.load_format, scenario.parity.gated):
+            return
+        for name, live in list(self.servers.items()):   # the baseline's outputs may come after the other's start
+            if live.alive():
+                self.timing["parity_s"] += arm_checks.collect_scoring(self.run_dir, name,
+                                                                      len(self.arms[name]["sessions"]), live,
+                                                                      scenario.parity, self.console)
 
     def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
         """lm-eval GSM8K on the arm's running server (harness.run.arm_checks)."""

@@ -230,6 +230,20 @@ class ParitySpec(_Frozen):
     n: int = Field(default=16, gt=0)
     max_tokens: int = Field(default=64, gt=0)
     ignore_eos: bool = True
+    gated: bool = True
+    """Score the baseline's greedy continuations on both arms and on the A/A sessions (:mod:`harness.run.scoring`) and
+    gate the correctness cells (:mod:`harness.judge.divergence`). Never under ``load_format = "dummy"``
+    (:func:`gates_tokens`): every tensor is drawn U(−1e-3, 1e-3) from a generator re-seeded with 1234 per tensor
+    (vLLM 0.32 ``model_executor/model_loader/weight_utils.py:1544-1596``, called per layer tensor by
+    ``dummy_loader.py:35-48``), so two model classes do get identical values for tensors of the same shape and dtype
+    whatever their creation order — but the logits are then ≈ 0 (log p ≈ −ln V, a flat distribution a defect barely
+    moves), and integer tensors (NVFP4/GPTQ packed weights) are left uninitialised ``torch.empty`` except on ROCm
+    (:1557-1563), so they differ between the arms' processes. Token cells on dummy weights would check nothing."""
+
+
+def gates_tokens(load_format: str, gated: bool) -> bool:
+    """Whether a run collects the scorings and gates the correctness cells (:attr:`ParitySpec.gated`)."""
+    return gated and load_format != "dummy"
 
 
 class Scenario(_Frozen):

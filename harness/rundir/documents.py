@@ -94,6 +94,27 @@ class VerdictCell(_Open):
         return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
 
 
+class CorrectnessCellDoc(_Open):
+    """One cell of the correctness family in ``verdict.json`` (``harness.judge.divergence.CorrectnessCell``): the
+    prompts beyond / within / tied with the A/A envelope, the sign test's p against ``alpha``, the A/B and A/A
+    summaries, the first divergent (prompt, token) and the per-token ``|Δ log p|`` quantiles (``cdf``)."""
+
+    name: str
+    family: str = "correctness"
+    result: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"]
+    reasons: tuple[str, ...] = ()
+    exceed: int = 0
+    below: int = 0
+    ties: int = 0
+    p_fail: float | None = None
+    alpha: float | None = None
+    ab: dict[str, Any] = Field(default_factory=dict)
+    aa: dict[str, Any] = Field(default_factory=dict)
+    first: tuple[int, int] | None = None
+    cdf: dict[str, list[float]] = Field(default_factory=dict)
+    note: str = ""
+
+
 class VerdictDocument(_Open):
     """``verdict.json`` (its own ``schema_version`` 1; fields documented in :mod:`harness.gate`)."""
 
@@ -113,3 +134,4 @@ class VerdictDocument(_Open):
     validity: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
     evaluated: bool = True                      # False: the data could not be read (no figures)
+    correctness: tuple[CorrectnessCellDoc, ...] = ()   # token divergence and parity against the A/A envelope

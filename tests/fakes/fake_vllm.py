@@ -91,8 +91,14 @@ def choice(index: int, tokens: int, body: dict) -> dict:
     the same for every request, so two fake arms always agree (dsa-bench's parity check)."""
     ids = [1000 + position for position in range(tokens)]
     result = {"index": index, "text": TEXT * tokens, "finish_reason": "length", "logprobs": None}
+    prompt = body.get("prompt")
+    prompt_ids = list(prompt) if isinstance(prompt, list) else [10 + i for i, _ in enumerate(str(prompt).split())]
     if body.get("return_token_ids"):
         result["token_ids"] = ids
+        result["prompt_token_ids"] = prompt_ids
+    if body.get("prompt_logprobs") is not None:   # teacher-forced scoring: the same for every request
+        result["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.5, "rank": 1}, "7": {"logprob": -1.5, "rank": 2}}
+                                              for t in prompt_ids[1:]]
     if body.get("logprobs") is not None:
         result["logprobs"] = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * tokens,
                               "top_logprobs": [{f"token_id:{i}": -0.5, "token_id:7": -1.5} for i in ids],

@@ -1,0 +1,269 @@
+"""The correctness family of gated cells: token-level divergence and output parity, each judged against the A/A
+envelope the same run measured. Pure: functions of scorings and parity rows (:mod:`harness.run.scoring`,
+:mod:`harness.run.parity` rows), no files.
+
+**Unit of replication: the prompt** (the parity prompts, 32 on the CPU default). Both cells compare the A/B
+comparison (the reference — the baseline's first session, all prompts at once — against the candidate) with the
+A/A envelope: the reference against the baseline's second session and against the baseline's first session with
+the prompts sent one at a time (another batch composition: batch variance, vLLM #57815).
+
+- ``token_divergence``: per prompt the mean over its continuation's positions of ``|Δ log p|`` of the forced token
+  (nats / token). Prompt ``i`` *exceeds* when its A/B value is above the envelope (the larger A/A value) by more than
+  :data:`TOKEN_TOLERANCE`, is *below* when the envelope is above the A/B by as much; other prompts are ties.
+- ``parity``: per prompt the first position where the greedy outputs differ (∞ when identical). Prompt ``i``
+  exceeds when the A/B diverges earlier than every A/A comparison, is below when an A/A comparison diverges earlier.
+
+**Rule** (both cells): the exact one-sided sign test on the non-tied prompts (Dixon & Mood 1946): FAIL when
+``P(Binomial(exceed + below, 1/2) ≥ exceed) ≤ α / 2`` — Bonferroni over the family's two cells at the gate's α. A
+candidate that is an A/A replicate of the baseline makes its A/B value exchangeable with each A/A value, so a prompt
+exceeds the larger of two A/A values with probability ≤ 1/3 ≤ 1/2 given it is not tied: the test's false-FAIL rate
+is ≤ α/2 per cell if prompts are independent. Prompts share a server session, so independence is an assumption;
+the rate is shown on recorded A/A sessions instead (``tests/fixtures/recorded/scoring-aa``,
+``tests/test_divergence.py``). **INVALID** when the envelope itself is unstable: the A/A values exceed the tolerance
+(divergence) or diverge (parity) on so many prompts that the same test would FAIL the baseline against itself.
+
+:data:`TOKEN_TOLERANCE` is the floor below which a per-prompt difference is a tie. It is needed because this
+machine's A/A is bit-exact (recorded: 0.0 nats at all 1525 positions across three sessions and both batch
+compositions), so without a floor any numerical change — a compiled vs an eager path — would FAIL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from harness.judge import token_compare
+from harness.rundir.schema import Status
+
+FAMILY = "correctness"
+CELLS = ("token_divergence", "parity")
+TOKEN_TOLERANCE = 0.01
+"""Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie. One bf16 rounding step of a logit near
+10 is ≈ 0.04 nats (8 significant bits, 2⁻⁸ relative; parity's ``DEFAULT_NEAR_TIE_TOL`` is the per-token tie
+of 0.05); the floor allows such a step at a quarter of a prompt's positions. Recorded on the default
+(``scoring-aa/``): the harmless candidate (CompilationMode.NONE vs VLLM_COMPILE) reaches 0.00096 at most (max per
+token 0.045, no arg-max flip); the ``indexer-rope-flip`` injection 0.13–1.66 on every prompt."""
+
+
+@dataclass
+class CorrectnessCell:
+    """One cell of the correctness family.
+
+    ``exceed``/``below``/``ties``: prompt counts (module docstring); ``p_fail``: the sign test's one-sided p-value;
+    ``alpha``: the level it is tested at (α / 2). ``ab``/``aa``: run summaries of the A/B and envelope
+    (:func:`harness.judge.token_compare.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
+    (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` quantiles (0–100 %) of A/B and A/A (the report's CDF).
+    """
+
+    name: str
+    status: Status
+    reasons: list[str] = field(default_factory=list)
+    exceed: int = 0
+    below: int = 0
+    ties: int = 0
+    p_fail: float | None = None
+    alpha: float | None = None
+    ab: dict[str, Any] = field(default_factory=dict)
+    aa: dict[str, Any] = field(default_factory=dict)
+    first: tuple[int, int] | None = None
+    cdf: dict[str, list[float]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line for the summary and the terminal."""
+        if self.status == Status.INVALID:
+            return f"{self.name}: INVALID — {'; '.join(self.reasons)}"
+        where = (f"; first divergence: prompt {self.first[0]} at token {self.first[1]}"
+                 if self.first is not None else "")
+        return (f"{self.name}: {self.status} — {self.exceed} prompt(s) beyond the A/A envelope, {self.below} within "
+                f"it by more, {self.ties} tied; sign test p = {self.p_fail:.3g} vs α/2 = {self.alpha:g}{where}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "family": FAMILY, "result": str(self.status), "reasons": list(self.reasons),
+                "exceed": self.exceed, "below": self.below, "ties": self.ties, "p_fail": self.p_fail,
+                "alpha": self.alpha, "ab": self.ab, "aa": self.aa,
+                "first": None if self.first is None else list(self.first), "cdf": self.cdf,
+                "note": self.describe()}
+
+
+def sign_test(exceed: int, below: int) -> float:
+    """One-sided exact sign test: ``P(Binomial(exceed + below, 1/2) ≥ exceed)`` (1.0 with no untied prompt)."""
+    n = exceed + below
+    return float(sum(math.comb(n, k) for k in range(exceed, n + 1)) / 2 ** n) if n else 1.0
+
+
+def status_of(exceed: int, below: int, aa_unstable: int, alpha: float) -> Status:
+    """FAIL / PASS by the sign test at ``alpha`` / 2; INVALID when ``aa_unstable`` prompts alone would FAIL."""
+    level = alpha / len(CELLS)
+    if sign_test(aa_unstable, 0) <= level:
+        return Status.INVALID
+    return Status.FAIL if sign_test(exceed, below) <= level else Status.PASS
+
+
+def _verdict(name: str, exceed: int, below: int, ties: int, aa_unstable: int, alpha: float) -> CorrectnessCell:
+    """The cell's status from its counts; INVALID when ``aa_unstable`` prompts of the envelope alone would FAIL."""
+    level = alpha / len(CELLS)
+    status = status_of(exceed, below, aa_unstable, alpha)
+    if status == Status.INVALID:
+        return CorrectnessCell(name, Status.INVALID, [
+            f"the A/A envelope is unstable: the baseline differs from itself on {aa_unstable} prompt(s), which the "
+            "same test would call a defect; rerun on a quieter machine or check the baseline's determinism"],
+            exceed, below, ties, alpha=level)
+    return CorrectnessCell(name, status, [], exceed, below, ties, sign_test(exceed, below), level)
+
+
+def _per_prompt_mean(comparison: Mapping[str, Any]) -> dict[int, float]:
+    return {int(p["index"]): float(np.nanmean(p["abs_dlogp"])) if len(p["abs_dlogp"]) else 0.0
+            for p in comparison["prompts"]}
+
+
+def token_values(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]]
+                 ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per prompt the A/B mean ``|Δ log p|`` and the A/A envelope (the larger A/A value), nats / token."""
+    ab = _per_prompt_mean(token_compare.compare_scores(reference, candidate))
+    aa_values = [_per_prompt_mean(token_compare.compare_scores(reference, rows)) for rows in aa]
+    return ab, {i: max(values[i] for values in aa_values) for i in ab}
+
+
+def token_counts(ab: Sequence[float], envelope: Sequence[float], tolerance: float = TOKEN_TOLERANCE
+                 ) -> tuple[int, int, int]:
+    """(exceed, below, unstable) prompt counts of the divergence cell from paired per-prompt values."""
+    return (sum(1 for a, e in zip(ab, envelope) if a > e + tolerance),
+            sum(1 for a, e in zip(ab, envelope) if e > a + tolerance),
+            sum(1 for e in envelope if e > tolerance))
+
+
+def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]],
+                    alpha: float, tolerance: float = TOKEN_TOLERANCE) -> CorrectnessCell:
+    """The ``token_divergence`` cell from scorings (:func:`harness.run.scoring.score` rows) of the same sequences:
+    the ``reference``, the ``candidate`` and the A/A ``aa`` scorings (≥ 1).
+
+    Raises:
+        ValueError: no A/A scoring, or the scorings cover different sequences.
+    """
+    if not aa:
+        raise ValueError("the divergence cell needs at least one A/A scoring")
+    ab, envelope = token_values(reference, candidate, aa)
+    keys = sorted(ab)
+    exceed, below, unstable = token_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
+    cell = _verdict("token_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
+    ab_cmp = token_compare.compare_scores(reference, candidate)
+    aa_cmps = [token_compare.compare_scores(reference, rows) for rows in aa]
+    cell.first = next(((p["index"], pos) for p in ab_cmp["prompts"] for pos, d in enumerate(p["abs_dlogp"])
+                       if ab[p["index"]] > envelope[p["index"]] + tolerance and d > tolerance), None)
+    aa_tokens = [v for c in aa_cmps for p in c["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)]
+    cell.ab = {**ab_cmp["summary"], "kl_lb_max": _max_kl(ab_cmp)}
+    cell.aa = {**token_compare.summary(aa_tokens, [f for c in aa_cmps for p in c["prompts"] for f in p["flip"]]),
+               "comparisons": len(aa_cmps)}
+    ab_tokens = [v for p in ab_cmp["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)]
+    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": _quantiles(ab_tokens), "aa": _quantiles(aa_tokens)}
+    return cell
+
+
+def _quantiles(values: Sequence[float]) -> list[float]:
+    """The 0, 1, …, 100 % quantiles of ``values`` (empty: [])."""
+    return [float(v) for v in np.quantile(values, np.linspace(0, 1, 101))] if len(values) else []
+
+
+def _max_kl(comparison: Mapping[str, Any]) -> float | None:
+    values = [v for p in comparison["prompts"] for v in p["kl_lb"] if math.isfinite(v)]
+    return max(values) if values else None
+
+
+def _first_positions(reference: Sequence[Mapping], other: Sequence[Mapping]) -> dict[int, float]:
+    """Per prompt the first greedy divergence position of ``other`` against ``reference`` (∞ when identical)."""
+    by_index = {int(row["index"]): row for row in other}
+    if sorted(by_index) != sorted(int(row["index"]) for row in reference):
+        raise ValueError("the parity collections cover different prompts")
+    return {int(row["index"]): token_compare.first_divergence(row["token_ids"], by_index[int(row["index"])]["token_ids"])
+            for row in reference}
+
+
+def parity_values(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]]
+                  ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per prompt the A/B first divergence position and the A/A envelope (the earliest A/A one); ∞ = identical."""
+    ab = _first_positions(reference, candidate)
+    aa_positions = [_first_positions(reference, rows) for rows in aa]
+    return ab, {i: min(positions[i] for positions in aa_positions) for i in ab}
+
+
+def parity_counts(ab: Sequence[float], envelope: Sequence[float]) -> tuple[int, int, int]:
+    """(exceed, below, unstable) prompt counts of the parity cell from paired per-prompt positions."""
+    return (sum(1 for a, e in zip(ab, envelope) if a < e), sum(1 for a, e in zip(ab, envelope) if e < a),
+            sum(1 for e in envelope if math.isfinite(e)))
+
+
+def parity_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]],
+                alpha: float) -> CorrectnessCell:
+    """The gated ``parity`` cell from greedy outputs (:func:`harness.run.parity.collect` rows): the ``reference``,
+    the ``candidate`` and the A/A ``aa`` collections (≥ 1).
+
+    Raises:
+        ValueError: no A/A collection, or the collections cover different prompts.
+    """
+    if not aa:
+        raise ValueError("the parity cell needs at least one A/A collection")
+    ab, envelope = parity_values(reference, candidate, aa)
+    keys = sorted(ab)
+    exceed, below, unstable = parity_counts([ab[i] for i in keys], [envelope[i] for i in keys])
+    cell = _verdict("parity", exceed, below, len(ab) - exceed - below, unstable, alpha)
+    diverging = sorted((pos, i) for i, pos in ab.items() if pos < envelope[i])
+    cell.first = (diverging[0][1], int(diverging[0][0])) if diverging else None
+    total = len(ab)
+    cell.ab = {"exact_match_rate_pct": 100.0 * sum(1 for v in ab.values() if math.isinf(v)) / total,
+               "prompts": total}
+    cell.aa = {"exact_match_rate_pct": 100.0 * sum(1 for v in envelope.values() if math.isinf(v)) / total,
+               "comparisons": len(aa)}
+    return cell
+
+
+# ---------------------------------------------------------------------------------------------------- the family
+SCORINGS = ("baseline", "baseline-one", "baseline-2", "candidate")
+"""The run's scoring labels (``scoring/<label>.json``; the runner's ``arm_checks.SCORING_LABELS``): the reference,
+its one-at-a-time batch, the baseline's second session and the candidate. The A/A parity collections carry the same
+labels (``parity/<label>.json``); ``parity/baseline.json`` and ``parity/candidate.json`` are the usual pair."""
+AA_LABELS = ("baseline-one", "baseline-2")
+
+
+def judge(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
+          alpha: float) -> list[CorrectnessCell]:
+    """Both cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and ``greedy``
+    keyed by :data:`SCORINGS` labels. An A/A label may be missing (a run of one session has no ``baseline-2``: the
+    envelope is then the batch composition alone, and a note says so); a missing reference or candidate, or no A/A
+    at all, makes the cell INVALID with the file to fix."""
+    cells = []
+    for name, data, build in (("token_divergence", scorings, divergence_cell), ("parity", greedy, parity_cell)):
+        folder = "scoring" if name == "token_divergence" else "parity"
+        missing = [f"{folder}/{label}.json" for label in ("baseline", "candidate") if data.get(label) is None]
+        aa = [data[label] for label in AA_LABELS if data.get(label) is not None]
+        if not aa:
+            missing.append(f"{folder}/{{{','.join(AA_LABELS)}}}.json (the A/A envelope)")
+        if missing:
+            cells.append(CorrectnessCell(name, Status.INVALID, [
+                f"{', '.join(missing)} absent: the server died or the run predates the correctness cells; rerun "
+                "(dsa-bench compare --resume) or set [parity] gated = false"]))
+            continue
+        try:
+            cell = build(data["baseline"], data["candidate"], aa, alpha)
+        except ValueError as error:
+            cell = CorrectnessCell(name, Status.INVALID, [f"{folder}: {error}; rerun the run's checks"])
+        if len(aa) < len(AA_LABELS):
+            cell.reasons.append("A/A envelope from " + ", ".join(l for l in AA_LABELS if data.get(l) is not None)
+                                + " only")
+        cells.append(cell)
+    return cells
+
+
+def merge(status: Status, reason: str, cells: Sequence[CorrectnessCell]) -> tuple[Status, str]:
+    """The run's verdict with the correctness family: FAIL when a cell FAILs (the reason names its first divergent
+    prompt and token), else INVALID when one is INVALID and the rest did not FAIL; otherwise unchanged."""
+    failed = [c for c in cells if c.status == Status.FAIL]
+    if failed:
+        return Status.FAIL, "; ".join(c.describe() for c in failed) + (
+            f" (and: {reason})" if status == Status.FAIL else "")
+    invalid = [c for c in cells if c.status == Status.INVALID]
+    if invalid and status != Status.FAIL:
+        return Status.INVALID, "; ".join(c.describe() for c in invalid)
+    return status, reason
