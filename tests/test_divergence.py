@@ -104,6 +104,7 @@ import json
 from pathlib import Path
 
 from harness import gate
+from harness.render import render_report
 from harness.judge.policy import GatePolicy
 from harness.run import arm_checks
 from harness.run.scenario import ParitySpec
@@ -142,6 +143,8 @@ def test_the_gate_fails_a_harmful_candidate_and_names_the_first_divergent_prompt
     document = json.loads((result.run_dir / gate.VERDICT).read_text())
     assert [c["result"] for c in document["correctness"]] == ["FAIL", "FAIL"]
     assert "first divergent prompt" in (result.run_dir / gate.SUMMARY).read_text()
+    html = render_report(result.run_dir).read_text()
+    assert 'id="correctness-table"' in html and 'id="divergence-cdf"' in html and "token_divergence" in html
 
 
 def test_the_gate_keeps_a_harmless_candidate_and_goes_invalid_without_scorings(tmp_path):

@@ -16,6 +16,7 @@ from harness.rundir import schema
 from harness.rundir.schema import VerdictDocument
 from harness.rundir.store import RunDir, RunDirError
 from harness.render import plots
+from harness.render.correctness import correctness_section
 from harness.render.designs import designs_section
 from harness.render.startup import startup_section
 from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_NAME, Summary, fmt_delta, fmt_value
@@ -120,6 +121,7 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
         sections = stored_sections(run_dir)
     manifest = RunDir(run_dir).manifest()
     context = {**build_context(run_dir, sections), "startup": startup_section(manifest),
-               "designs": designs_section(manifest, sections.get("verdict"))}
+               "designs": designs_section(manifest, sections.get("verdict")),
+               "correctness": correctness_section(sections.get("verdict"))}
     html = render_html(context)
     return RunDir(run_dir).write_text(schema.REPORT, html)
