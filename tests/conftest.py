@@ -91,4 +91,7 @@ def slowed_duet_run(tmp_path_factory) -> RealRun:
     return _compare(tmp_path_factory.mktemp("slowed-duet"), "--scenario", "cpu-tiny-dsa", "--gate", "--no-gsm8k",
                     "--concurrency", "4", "--num-prompts", "8", "--repeats", "3", "--max-sessions", "3", "--duet",
                     "--place-baseline", "cores=0", "--place-candidate", "cores=1", "--swap-nodes",
-                    "--inject-candidate", f"step-delay:{STEP_DELAY_MS}")
+                    "--inject-candidate", f"step-delay:{STEP_DELAY_MS}",
+                    # all three blocks however loaded the machine is (the scenario's 12-minute budget stopped a
+                    # contended run after one 503 s block)
+                    "--budget", "3h")
