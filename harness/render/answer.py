@@ -46,6 +46,7 @@ class ForestRow:
     status: str | None
     higher_is_better: bool
     gap: str                    # why there is no interval ("not enough sessions (2 of 3)"), "" with one
+    note: str                   # what the cell needs or why it is INVALID, in words ("" when nothing to say)
 
 
 def display_name(metric: str, fallback: str = "") -> str:
@@ -112,8 +113,20 @@ def forest_rows(verdict: Mapping[str, Any] | None) -> list[ForestRow]:
             concurrency=level, pooled=is_pooled, delta=_field(cell, "delta"), low=_field(cell, "ci_low"),
             high=_field(cell, "ci_high"), margin=_field(cell, "margin") or 0.0,
             unit=str(cell.get("delta_unit") or "%"), status=cell.get("result"),
-            higher_is_better=bool(cell.get("higher_is_better", True)), gap=interval_gap(cell, min_sessions)))
+            higher_is_better=bool(cell.get("higher_is_better", True)), gap=(gap := interval_gap(cell, min_sessions)),
+            note=_note(cell, gap, min_sessions)))
     return rows
+
+
+def _note(cell: Mapping[str, Any], gap: str, min_sessions: int | None) -> str:
+    """The cell's note; for want of sessions, what decides instead of the verdict's terse "run ≈N"."""
+    if gap.startswith("not enough sessions"):
+        needed = cell.get("repeats_needed")
+        return (f"a throughput or latency PASS or FAIL needs at least {min_sessions or 2} server sessions per arm"
+                + (f"; about {needed} per arm are recommended" if isinstance(needed, int) else ""))
+    if cell.get("note"):
+        return str(cell["note"])
+    return "; ".join(str(n) for n in cell.get("notes") or [])
 
 
 def _fmt(value: float | None, unit: str) -> str:
