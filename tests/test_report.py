@@ -181,7 +181,7 @@ def test_page_has_context_formulas_and_no_external_resources(rendered):
                    "TPOT = (E2EL − TTFT) / (output_len − 1)", "Δ % = (candidate − baseline) / baseline × 100",
                    "Harness share", "5.2 %", "Server disconnected without sending a response."):
         assert needle in html, needle
-    assert {"verdict", "compared", "summary", "plots", "levels", "gsm8k", "parity", "mtp", "arms", "run",
+    assert {"answer", "forest", "next-step", "compared", "summary", "plots", "levels", "gsm8k", "parity", "mtp", "arms", "run",
             "definitions", "arm-differences"} <= page.ids
     assert html.count("Not measured in this run") == 4  # verdict, GSM8K, parity, MTP
     assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)

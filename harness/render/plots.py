@@ -165,7 +165,7 @@ def forest_plot(rows: Sequence[ForestRow]) -> Plot | None:
     axes.set_ylim(len(rows) - 0.5, -0.5)
     axes.set_yticks(range(len(rows)))
     axes.set_yticklabels([f"{r.label} {r.where} [{r.status or 'not rejected'}]" for r in rows], fontsize=8)
-    axes.set_xlabel("candidate vs baseline: Δ % (GSM8K: points); dashed red: the margin")
+    axes.set_xlabel("Δ % vs baseline (GSM8K: points); dashed red: margin")
     return Plot("forest", "Forest plot of the verdict",
                 "Forest plot, one row per primary cell: " + "; ".join(row_text(r) + f", {r.status or 'not rejected'}"
                                                                     for r in rows) + ".",
