@@ -167,11 +167,18 @@ def next_step(verdict: Mapping[str, Any] | None, rows: Sequence[ForestRow], desi
                 "interval lies beyond the margin, so more sessions will not turn it into a PASS.")
     if overall == "INVALID":
         cells = [c for c in verdict.get("cells") or [] if isinstance(c, Mapping) and c.get("result") == "INVALID"]
-        reason = str(cells[0].get("note") or "") if cells else str(verdict.get("reason") or "")
+        reason = _clip(str(cells[0].get("note") or "") if cells else str(verdict.get("reason") or ""))
         invalid = [r for r in rows if r.status == "INVALID"]
         return (f"Next: fix what made {_levels_text(invalid) or 'the run'} INVALID ({reason.rstrip('.')}), then run "
                 "the comparison again; no figure of an INVALID cell is evidence.")
     return _inconclusive_step(verdict, rows, designs)
+
+
+def _clip(text: str, limit: int = 140) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, "…" marking the cut (the whole reason is the
+    gate line above the plot)."""
+    text = text.rstrip(".")
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
 def _inconclusive_step(verdict: Mapping[str, Any], rows: Sequence[ForestRow], designs: Mapping[str, Any] | None) -> str:

@@ -155,8 +155,10 @@ def forest_plot(rows: Sequence[ForestRow]) -> Plot | None:
                 if bound != end:
                     axes.plot([end], [y], marker=marker, color=color, markersize=6)
         if row.delta is not None:
-            axes.plot([max(min(row.delta, span), -span)], [y], marker="D" if row.pooled else "o", color=color,
-                      markersize=6)
+            x = max(min(row.delta, span), -span)
+            axes.plot([x], [y], marker="D" if row.pooled else "o", color=color, markersize=6)
+            if row.gap:                     # no interval: say why beside the point ("not enough sessions (2 of 4)")
+                axes.text(x, y - 0.22, row.gap, color=color, fontsize=7, va="bottom", ha="center")
         else:
             axes.text(0, y, "no estimate", color=color, fontsize=8, va="center", ha="center")
         axes.plot([row.margin, row.margin], [y - 0.38, y + 0.38], color="#cf222e", linestyle="--", linewidth=1.2)
