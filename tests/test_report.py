@@ -239,7 +239,7 @@ def test_partial_run_with_only_baseline_renders(run_dir):
     assert page.cells[(2, "output_throughput", "delta")] == "—"
     assert "run status interrupted" in html
     # one reason, stated once, with the levels it applies to
-    assert html.count(">skipped: run stopped before this level<") == 0     # the badges say "skipped" only
+    assert html.count(">skipped: run stopped before this level<") == 1     # the grouped reason; badges say "skipped"
     assert html.count("<code>skipped: run stopped before this level</code>") == 1
     assert "candidate c=1 r0, c=2 r0, c=4 r0, c=8 r0" in html
     assert len(page.images) == 3  # throughput, TPOT and throughput vs per-user speed, baseline only
