@@ -181,9 +181,10 @@ def test_page_has_context_formulas_and_no_external_resources(rendered):
                    "TPOT = (E2EL − TTFT) / (output_len − 1)", "Δ % = (candidate − baseline) / baseline × 100",
                    "Harness share", "5.2 %", "Server disconnected without sending a response."):
         assert needle in html, needle
-    assert {"verdict", "compared", "summary", "plots", "levels", "gsm8k", "parity", "mtp", "arms", "run",
+    assert {"answer", "forest", "next-step", "compared", "summary", "plots", "levels", "gsm8k", "parity", "mtp", "arms", "run",
             "definitions", "arm-differences"} <= page.ids
-    assert html.count("Not measured in this run") == 4  # verdict, GSM8K, parity, MTP
+    assert html.count("Not measured in this run") == 3  # GSM8K, parity, MTP
+    assert "No forest plot: no verdict.json yet." in html
     assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
     assert all(img["src"].startswith("data:image/png;base64,") for img in page.images)
     assert "Content-Security-Policy" in html
@@ -236,8 +237,12 @@ def test_partial_run_with_only_baseline_renders(run_dir):
     assert page.cells[(2, "output_throughput", "baseline")] == "152.18"
     assert page.cells[(2, "output_throughput", "candidate")] == "—"
     assert page.cells[(2, "output_throughput", "delta")] == "—"
-    assert "Partial run" in html and "skipped: run stopped before this level" in html
-    assert len(page.images) == 2  # throughput and TPOT (baseline only); no Δ plot without a candidate
+    assert "run status interrupted" in html
+    # one reason, stated once, with the levels it applies to
+    assert html.count(">skipped: run stopped before this level<") == 1     # the grouped reason; badges say "skipped"
+    assert html.count("<code>skipped: run stopped before this level</code>") == 1
+    assert "candidate c=1 r0, c=2 r0, c=4 r0, c=8 r0" in html
+    assert len(page.images) == 3  # throughput, TPOT and throughput vs per-user speed, baseline only
 
 
 def test_candidate_absent_from_manifest_and_no_csvs(run_dir):
@@ -264,9 +269,8 @@ def test_failed_level_stays_visible(run_dir):
     assert 8 in page.level_tables
     assert page.cells[(8, "output_throughput", "baseline")] == "—"
     assert page.cells[(8, "output_throughput", "candidate")] == "227.00"
-    assert re.search(r'<span class="status failed" title="failed: server died">failed</span>'
-                     r'<span class="spread">failed: server died</span>', html)
-    assert "Levels not completed: c=8 baseline: failed: server died" in html
+    assert '<span class="status failed" title="failed: server died">failed</span>' in html
+    assert "<code>failed: server died</code> — 1 level(s): baseline c=8 r0" in html
 
 
 def test_repeats_show_median_and_spread(run_dir):
@@ -307,14 +311,14 @@ def test_optional_sections_slot_in(run_dir):
     assert {"verdict-cells", "gsm8k-arms", "gsm8k-paired", "parity-divergences"} <= page.ids
     assert "mtp-table" not in page.ids
     assert "Not measured in this run: no speculative decoding in this scenario." in html
-    assert "94.768 % (GLM-5.2 NVFP4)" in html and "near-tie" in html and "Overall:" in html
+    assert "94.768 % (GLM-5.2 NVFP4)" in html and "near-tie" in html and 'id="verdict-words"' in html
     assert XSS not in html
-    assert "verdict&#39;s confidence intervals" in html or "verdict's confidence intervals" in html
+    assert 'id="plot-forest"' not in html and 'id="forest"' in html and 'data-result="FAIL"' in html
     # Producers may leave optional fields out: minimal dicts still render.
     minimal = {"verdict": {"overall": "INCONCLUSIVE"}, "gsm8k": {"arms": []}, "parity": {"exact_match_rate_pct": 100},
                "mtp": {"rows": [{"concurrency": 1, "arm": "candidate", "acceptance_rate_pct": "n/a"}]}}
     html = render_html(build_context(run_dir, minimal))
-    assert "Overall: <span class=\"INCONCLUSIVE\">INCONCLUSIVE</span>" in html and "mtp-table" in parse(html).ids
+    assert "INCONCLUSIVE: the data can neither pass nor fail" in html and "mtp-table" in parse(html).ids
     assert "Not measured in this run" not in html
     with pytest.raises(ValueError, match="unknown report sections"):
         build_context(run_dir, {"bogus": 1})
@@ -410,8 +414,8 @@ def test_pooled_hypotheses_are_shown_in_the_report_and_the_pr_summary(run_dir):
 
     verdict = {"overall": "FAIL", "policy": "default", "cells": [], "pooled": [POOLED_FAIL, POOLED_OPEN]}
     html = render_html(build_context(run_dir, {"verdict": verdict}))
-    assert "verdict-pooled" in parse(html).ids
-    assert "-25.1" in html and "not rejected" in html and "pooled over c=1, 2" in html
+    assert html.count('data-pooled="true"') == 2
+    assert "-25.10 %" in html and "not rejected" in html and "pooled over c=1, 2" in html
     document = VerdictDocument.model_validate({"run_id": "r", "overall": "FAIL", "exit_code": 1, "reason": "x",
                                                "pooled": [POOLED_FAIL, POOLED_OPEN]})
     text = summary.render(VerdictView(document, None, None, run_dir))

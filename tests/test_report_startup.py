@@ -27,7 +27,8 @@ STARTUPS = {
 
 
 def test_startup_table_per_arm_with_sessions_interval_kv_capacity_peak_memory_and_the_cpu_note():
-    html = environment().get_template("startup.html.j2").render(startup=startup_section(_manifest("cpu", STARTUPS)))
+    html = environment().get_template("startup.html.j2").render(startup=startup_section(_manifest("cpu", STARTUPS)),
+                                                                       plots={"startup": None})
     assert "<th>baseline</th><th>candidate</th>" in html
     assert "125 (120–130, n=2)" in html and "<td>40</td>" in html
     assert "86 (82–90, n=2)" in html and "<td>—</td>" in html      # the eager arm has no compile line

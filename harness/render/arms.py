@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.render.log_errors import LogError, split_errors
 from harness.render.text import show
 from harness.rundir import store as records
 from harness.rundir.schema import ArmRecord, Injection
@@ -42,6 +43,8 @@ class ArmView:
     server_start_s: float | None = None
     base_url: str = ""
     injected: str = ""                 # the arm's calibration injection ("step-delay ms=50"), "" when none
+    log_errors: list[str] = field(default_factory=list)   # server-log errors during a measured level
+    log_notes: list[str] = field(default_factory=list)    # server-log errors outside measurement (start-up, shutdown)
 
 
 def _is_flag(token: str) -> bool:
@@ -120,7 +123,7 @@ def build_arm(name: str, arm: ArmRecord | None) -> ArmView:
     mismatches = [show(m) for m in arm.attestation.mismatches]
     mismatch_text = " ".join(mismatches)
     path_rows = []
-    for key in list(intended) + [k for k in observed if k not in intended]:
+    for key in list(intended) + [k for k in observed if k not in intended and k != "errors"]:
         want, got = intended.get(key), observed.get(key)
         differs = key in intended and key in observed and want != got
         path_rows.append(PathRow(
@@ -129,6 +132,7 @@ def build_arm(name: str, arm: ArmRecord | None) -> ArmView:
             mismatch=differs or (bool(mismatches) and str(key) in mismatch_text),
         ))
     valid = arm.attestation.valid
+    during, outside = split_errors(arm)
     return ArmView(
         name=name, present=True, route=show(arm.route), description=show(arm.description),
         decision_items=items, decision_reasons=reasons,
@@ -138,7 +142,14 @@ def build_arm(name: str, arm: ArmRecord | None) -> ArmView:
         attestation="valid" if valid is True else ("INVALID" if valid is False or mismatches else "unknown"),
         mismatches=mismatches, server_start_s=records.finite_float(arm.server_start_s),
         base_url=show(arm.base_url or ""), injected=injection_text(arm.injection),
+        log_errors=[_error_text(e) for e in during], log_notes=[_error_text(e) for e in outside],
     )
+
+
+def _error_text(error: LogError) -> str:
+    """``"13:43:30 [async_llm.py:906] AsyncLLM output_handler failed. (traceback, 5 lines kept)"``."""
+    when = error.at.strftime("%H:%M:%S ") if error.at is not None else ""
+    return when + error.message + (f" (traceback, {error.lines} lines kept)" if error.lines > 1 else "")
 
 
 def injection_text(injection: Injection | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.render.plots import Plot, _figure, png_data_uri
+from harness.render.plots import Plot, new_figure, png_data_uri
 
 LINEAR_BELOW = 1e-4
 """Nats: the symlog axis is linear below this (an A/A that is bit-exact sits at 0)."""
@@ -18,7 +18,7 @@ def divergence_plot(cdf: Mapping[str, list[float]]) -> Plot | None:
     quantiles = cdf.get("quantiles") or []
     if not quantiles or not (cdf.get("ab") or cdf.get("aa")):
         return None
-    figure, axes = _figure()
+    figure, axes = new_figure()
     for key, label, color in (("ab", "A/B: baseline vs candidate", "#c0392b"), ("aa", "A/A envelope", "#2c7fb8")):
         if cdf.get(key):
             axes.step(cdf[key], quantiles, where="post", label=label, color=color)

@@ -16,10 +16,8 @@ from harness.rundir import schema
 from harness.rundir.schema import VerdictDocument
 from harness.rundir.store import RunDir, RunDirError
 from harness.render import plots
-from harness.render.correctness import correctness_section
-from harness.render.designs import designs_section
-from harness.render.startup import startup_section
-from harness.render.metrics_table import DELTA_FORMULA, METRIC_BY_NAME, Summary, fmt_delta, fmt_value
+from harness.render.metrics_table import DELTA_FORMULA, Summary, fmt_delta, fmt_value
+from harness.rundir import store as records
 from harness.render.view import build_context
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -65,31 +63,23 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def _verdict_intervals(verdict: Any) -> dict[tuple[str, int], tuple[float, float]]:
-    """``{(column, concurrency): (low %, high %)}`` from verdict cells that carry an interval on a levels.csv metric."""
-    intervals: dict[tuple[str, int], tuple[float, float]] = {}
-    if not isinstance(verdict, Mapping):
-        return intervals
-    for cell in verdict.get("cells") or []:
-        try:
-            key = (str(cell["metric"]), int(cell["concurrency"]))
-            low, high = float(cell["ci_low_pct"]), float(cell["ci_high_pct"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if key[0] in METRIC_BY_NAME and math.isfinite(low) and math.isfinite(high):
-            intervals[key] = (low, high)
-    return intervals
-
-
 def render_html(context: Mapping[str, Any]) -> str:
     """Render the report page from a context built by :func:`harness.render.view.build_context`.
 
-    Adds the figures (see :mod:`harness.render.plots`). Returns the HTML text.
+    Adds the figures (see :mod:`harness.render.plots`): the forest plot of the verdict, the speed plots, MTP acceptance
+    per draft position and start-up per arm. Returns the HTML text.
 
     Raises:
         jinja2.TemplateError: the template is missing or refers to a name the context lacks (a bug, not bad data).
     """
-    figures = plots.make_plots(context["levels"], _verdict_intervals(context["sections"].get("verdict")))
+    mtp, startup = context["sections"].get("mtp"), context.get("startup")
+    figures = {
+        "forest": plots.forest_plot(context["answer"]["rows"]),
+        "speed": plots.make_plots(context["levels"]),
+        "acceptance": plots.acceptance_plot(mtp["rows"] or [], records.finite_float(mtp["num_speculative_tokens"]))
+        if isinstance(mtp, Mapping) else None,
+        "startup": plots.startup_plot(startup["values"]) if startup else None,
+    }
     return environment().get_template(TEMPLATE).render(**context, plots=figures, delta_formula=DELTA_FORMULA)
 
 
@@ -119,9 +109,5 @@ def render_report(run_dir: Path, sections: Mapping[str, Any] | None = None) -> P
     run_dir = Path(run_dir)
     if sections is None:
         sections = stored_sections(run_dir)
-    manifest = RunDir(run_dir).manifest()
-    context = {**build_context(run_dir, sections), "startup": startup_section(manifest),
-               "designs": designs_section(manifest, sections.get("verdict")),
-               "correctness": correctness_section(sections.get("verdict"))}
-    html = render_html(context)
+    html = render_html(build_context(run_dir, sections))
     return RunDir(run_dir).write_text(schema.REPORT, html)

@@ -134,7 +134,8 @@ def _per_pos(cell: Any) -> list[float]:
 
 def mtp_section(levels, manifest: Manifest) -> dict[str, Any] | str | None:
     """The ``mtp`` section from the MTP columns of ``levels.csv``: one row per level × arm, and the reference on GPU
-    scenarios. A run with MTP off says so; a run whose levels.csv has no acceptance yields None."""
+    scenarios. A run with MTP off says so; a run whose levels.csv has no acceptance yields None. The rows feed
+    :func:`harness.render.plots.acceptance_plot`."""
     mtp = manifest.scenario_value("mtp")
     mtp = mtp if isinstance(mtp, Mapping) else {}
     if mtp and not mtp.get("num_speculative_tokens"):
@@ -155,41 +156,8 @@ def mtp_section(levels, manifest: Manifest) -> dict[str, Any] | str | None:
                 rows.append({"concurrency": concurrency, "arm": arm, **_pooled_mtp(frame)})
     k = mtp.get("num_speculative_tokens") if mtp else None
     gpu = _is_gpu_scenario(manifest)
-    return {"rows": rows, "num_speculative_tokens": k, "plot": _acceptance_plot(rows, records.finite_float(k)),
+    return {"rows": rows, "num_speculative_tokens": k,
             "reference": MTP_REFERENCE if gpu else None, "reference_pct": MTP_REFERENCE_PCT if gpu else None}
-
-
-def _acceptance_plot(rows: list[dict[str, Any]], k: float | None = None) -> dict[str, str] | None:
-    """Acceptance length vs concurrency, one line per arm, as ``{"uri", "alt", "caption"}`` (None without data).
-
-    The y axis spans 1 (no draft accepted) to 1 + ``k`` (every draft accepted) when ``k``, the speculative tokens per
-    draft, is known.
-
-    Drawn here rather than in :mod:`harness.render.plots` because it needs only the MTP rows (plots imports this
-    module, hence the import inside the function).
-    """
-    from harness.render import plots
-
-    figure, axes = plots._figure()
-    drawn = []
-    for arm in ARMS:
-        points = [(r["concurrency"], r["acceptance_length"]) for r in rows
-                  if r["arm"] == arm and records.finite_float(r.get("acceptance_length")) is not None]
-        if points:
-            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=plots.ARM_COLORS[arm],
-                      label=arm)
-            drawn.extend(p[0] for p in points)
-    if not drawn:
-        return None
-    plots._concurrency_axis(axes, sorted(set(drawn)))
-    axes.set_ylabel("acceptance length (tokens per step)")
-    highest = max(float(r["acceptance_length"]) for r in rows if records.finite_float(r.get("acceptance_length")) is not None)
-    axes.set_ylim(0.95, max(1.0 + k if k else 0.0, highest) + 0.05)
-    axes.legend(loc="best")
-    axes.set_title("MTP acceptance length vs concurrency (higher is better)")
-    return {"uri": plots.png_data_uri(figure),
-            "alt": "Line chart: MTP acceptance length (tokens per target step) against concurrency, per arm.",
-            "caption": "Acceptance length = 1 + accepted draft tokens / drafts over each level's measured window."}
 
 
 def load_sections(store: RunDir, manifest: Manifest, levels, verdict: Any = None) -> dict[str, Any]:

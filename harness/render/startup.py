@@ -45,21 +45,24 @@ def _cell(values: list[float]) -> str:
     return text
 
 
-def _values(arm: ArmRecord, field: str) -> list[float]:
+def session_values(arm: ArmRecord, field: str) -> list[float]:
+    """``field`` of the arm's sessions' start-up records, sessions without it left out."""
     return [value for session in arm.sessions if session.startup is not None
             and (value := getattr(session.startup, field)) is not None]
 
 
 def startup_section(manifest: Manifest) -> dict[str, Any] | None:
-    """``{"arms": [name], "rows": [{"label", "unit", "cells": [str per arm]}], "notes": [str]}``, or None when no
-    session recorded start-up metrics. Rows where no arm has a value are left out."""
+    """``{"arms": [name], "rows": [{"label", "unit", "cells": [str per arm]}], "notes": [str], "values": {arm:
+    {field: [float per session]}}}``, or None when no session recorded start-up metrics. Rows where no arm has a value
+    are left out; ``values`` feeds :func:`harness.render.plots.startup_plot`."""
     arms = [arm for arm in manifest.arms if any(s.startup is not None for s in arm.sessions)]
     if not arms:
         return None
-    rows = [{"label": label, "unit": unit, "cells": [_cell(_values(arm, field)) for arm in arms]}
-            for field, label, unit in ROWS if any(_values(arm, field) for arm in arms)]
+    rows = [{"label": label, "unit": unit, "cells": [_cell(session_values(arm, field)) for arm in arms]}
+            for field, label, unit in ROWS if any(session_values(arm, field) for arm in arms)]
     notes = []
     compiled = [arm.name for arm in arms if (arm.intended or {}).get("compilation_mode") not in (None, "NONE")]
     if manifest.platform.name == "cpu" and compiled:
         notes.append(f"{CPU_RECOMPILES} Compiled here: {', '.join(compiled)}.")
-    return {"arms": [arm.name for arm in arms], "rows": rows, "notes": notes}
+    values = {arm.name: {field: session_values(arm, field) for field, _, unit in ROWS if unit == "s"} for arm in arms}
+    return {"arms": [arm.name for arm in arms], "rows": rows, "notes": notes, "values": values}

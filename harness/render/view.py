@@ -18,79 +18,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
 
+from harness.render import answer
 from harness.render.arms import ArmView, arm_differences, build_arm
+from harness.render.designs import designs_section
+from harness.render.levels import LevelView, build_levels
+from harness.render.metrics_table import ARMS, BASELINE, CANDIDATE, METRICS
 from harness.render.sections import load_sections
+from harness.render.startup import startup_section
+from harness.render.correctness import correctness_section
 from harness.render.text import show
 from harness.rundir import store as records
-from harness.rundir.schema import ArmRecord, Manifest
+from harness.rundir.schema import Manifest
 from harness.rundir.store import RunDir
-from harness.metrics import SERVER_SIDE, achieved_concurrency, succeeded
-from harness.render.metrics_table import (
-    ARMS,
-    BASELINE,
-    CANDIDATE,
-    METRICS,
-    Metric,
-    Summary,
-    delta_class,
-    delta_pct,
-    summarize,
-)
 
 SECTION_KEYS: tuple[str, ...] = ("verdict", "gsm8k", "parity", "mtp")
 """Optional sections the template renders when given data (see :func:`build_context` for their shapes)."""
-
-
-@dataclass(frozen=True)
-class MetricRow:
-    """One metric at one level: baseline and candidate summaries over repeats, and Δ % of their medians."""
-
-    metric: Metric
-    baseline: Summary
-    candidate: Summary
-    delta: float | None
-    delta_class: str
-
-
-@dataclass(frozen=True)
-class ArmLevel:
-    """What one arm did at one level: status from the manifest, load facts from the CSVs."""
-
-    status: str                 # "done", "failed: <reason>", "skipped", "not run", or "r0: done; r1: failed: …"
-    status_class: str           # "ok" | "failed" | "missing"
-    status_short: str           # the word before the reason: "done", "failed", "skipped", "pending", "not run", "mixed"
-    repeats: int                # rows in levels.csv
-    completed: Summary
-    failed: Summary
-    duration_s: Summary
-    max_concurrent: Summary
-    client_cpu_util: Summary    # benchmark client CPU seconds / level wall seconds
-    host_steal: Summary         # the host's CPU steal share over the level (0..1, /proc/stat)
-    load_avg: Summary           # the host's 1-minute load average at the level's end
-    requests: int               # rows in requests.csv
-    request_errors: int
-    output_len_range: str       # server-counted output tokens of successful requests, "min–max"
-    errors: list[tuple[str, int]]  # distinct error messages with counts, most frequent first (at most 5)
-
-
-@dataclass(frozen=True)
-class LevelView:
-    """One concurrency level: per-arm facts and the metric rows of its table."""
-
-    concurrency: int
-    arms: dict[str, ArmLevel]
-    rows: list[MetricRow]
-    max_repeats: int
-
-    @property
-    def anchor(self) -> str:
-        """HTML id of the level's section."""
-        return f"level-c{self.concurrency}"
-
-    @property
-    def has_data(self) -> bool:
-        """Whether any arm has a ``levels.csv`` row at this level."""
-        return any(arm.repeats for arm in self.arms.values())
 
 
 @dataclass(frozen=True)
@@ -145,128 +87,6 @@ def model_details(manifest: Manifest) -> list[tuple[str, str]]:
     return []
 
 
-def _level_statuses(arm: ArmRecord | None) -> dict[int, list[tuple[int, str]]]:
-    """``{concurrency: [(round, status), ...]}`` from an arm's manifest levels (unparseable keys skipped)."""
-    result: dict[int, list[tuple[int, str]]] = {}
-    for key, info in arm.level_items() if arm is not None else []:
-        result.setdefault(key.concurrency, []).append((key.round, info.status or "unknown"))
-    return result
-
-
-def _status_text(entries: list[tuple[int, str]]) -> tuple[str, str, str]:
-    """(full text, CSS class, short word) of a level's manifest statuses over its repeats."""
-    if not entries:
-        return "not run", "missing", "not run"
-    statuses = [status for _, status in entries]
-    if len(set(statuses)) == 1:
-        text, short = statuses[0], statuses[0].split(":")[0]
-    else:
-        text = "; ".join(f"r{repeat}: {status}" for repeat, status in entries)
-        short = "mixed"
-    if all(status == "done" for status in statuses):
-        return text, "ok", short
-    if any(status.startswith("failed") for status in statuses):
-        return text, "failed", short
-    return text, "missing", short
-
-
-def _level_universe(manifest: Manifest, levels, requests) -> list[int]:
-    """Every concurrency the run declared or touched: scenario workload, manifest level keys and both CSVs."""
-    found: set[int] = set()
-    declared = manifest.scenario_value("workload", "concurrency")
-    if isinstance(declared, (list, tuple)):
-        found.update(int(c) for c in declared if isinstance(c, (int, float)) and not isinstance(c, bool))
-    for arm in manifest.arms:
-        found.update(_level_statuses(arm))
-    for frame in (levels, requests):
-        if len(frame):
-            found.update(int(c) for c in frame["concurrency"].dropna().unique())
-    return sorted(found)
-
-
-def _request_facts(frame) -> tuple[int, int, str, list[tuple[str, int]]]:
-    if not len(frame):
-        return 0, 0, "—", []
-    # The column is float (all NaN) when no request failed, so map cell by cell instead of fillna("").
-    errors = frame["error"].map(lambda v: "" if records.finite_float(v) is None and not isinstance(v, str) else str(v)).str.strip()
-    bad = errors != ""
-    ok_lens = frame.loc[~bad, "output_len"].dropna()
-    if len(ok_lens):
-        low, high = int(ok_lens.min()), int(ok_lens.max())
-        length_range = f"{low}" if low == high else f"{low}–{high}"
-    else:
-        length_range = "—"
-    counts = errors[bad].value_counts()
-    distinct = [(str(message), int(count)) for message, count in counts.head(5).items()]
-    return len(frame), int(bad.sum()), length_range, distinct
-
-
-def _summary_of(frame, column: str) -> Summary:
-    # A column the schema does not have (yet, or any more) reads as "not measured", never as an error.
-    if not len(frame) or column not in frame.columns:
-        return Summary(None, None, None, 0)
-    return summarize([records.finite_float(v) if records.finite_float(v) is not None else float("nan") for v in frame[column].tolist()])
-
-
-def _achieved(reqs) -> Summary:
-    """Achieved concurrency per repeat by Little's law (Σ E2EL / span of the successful requests), summarized."""
-    if not len(reqs):
-        return Summary(None, None, None, 0)
-    values = []
-    for _, group in reqs.groupby("round"):
-        value = achieved_concurrency(succeeded(group))
-        values.append(value if value is not None else float("nan"))
-    return summarize(values)
-
-
-def _shown_metrics(levels) -> tuple[Metric, ...]:
-    """The per-level table's metrics: every client metric, and the server-side ones (:data:`SERVER_SIDE`) only when
-    ``levels.csv`` has a value for them (a run recorded without ``/metrics`` captures shows no empty server rows)."""
-    def has_data(name: str) -> bool:
-        return name in levels.columns and levels[name].notna().any()
-
-    return tuple(m for m in METRICS if m.name not in SERVER_SIDE or has_data(m.name))
-
-
-def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
-    """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
-
-    ``levels``/``requests`` are the frames of :meth:`RunDir.levels` and :meth:`RunDir.requests`.
-    """
-    statuses = {arm: _level_statuses(manifest.arm(arm)) for arm in ARMS}
-    shown = _shown_metrics(levels)
-    views = []
-    for concurrency in _level_universe(manifest, levels, requests):
-        per_arm: dict[str, ArmLevel] = {}
-        frames = {}
-        for arm in ARMS:
-            rows = levels[(levels["arm"] == arm) & (levels["concurrency"] == concurrency)] if len(levels) else levels
-            reqs = (requests[(requests["arm"] == arm) & (requests["concurrency"] == concurrency)]
-                    if len(requests) else requests)
-            frames[arm] = rows
-            status, status_class, short = _status_text(statuses[arm].get(concurrency, []))
-            if status == "not run" and len(rows):
-                status, status_class, short = "done (no manifest status)", "ok", "done"
-            n_requests, n_errors, length_range, errors = _request_facts(reqs)
-            per_arm[arm] = ArmLevel(
-                status=status, status_class=status_class, status_short=short, repeats=len(rows),
-                completed=_summary_of(rows, "completed"), failed=_summary_of(rows, "failed"),
-                duration_s=_summary_of(rows, "duration_s"),
-                max_concurrent=_achieved(reqs),
-                client_cpu_util=_summary_of(rows, "client_cpu_util"),
-                host_steal=_summary_of(rows, "host_steal_fraction"), load_avg=_summary_of(rows, "load_avg_1m"),
-                requests=n_requests, request_errors=n_errors, output_len_range=length_range, errors=errors,
-            )
-        metric_rows = []
-        for metric in shown:
-            base = _summary_of(frames[BASELINE], metric.name)
-            cand = _summary_of(frames[CANDIDATE], metric.name)
-            delta = delta_pct(base.value, cand.value)
-            metric_rows.append(MetricRow(metric, base, cand, delta, delta_class(metric, delta)))
-        views.append(LevelView(concurrency, per_arm, metric_rows, max(a.repeats for a in per_arm.values())))
-    return views
-
-
 def _timing(manifest: Manifest) -> list[tuple[str, str]]:
     """Harness timing rows: wall, server start, benchmark, client import, overhead, each with its share of wall."""
     timing = manifest.timing
@@ -313,33 +133,36 @@ def _schedule(manifest: Manifest) -> str:
     return " → ".join(f"{arm} c{concurrency} r{round_}" for arm, concurrency, round_ in manifest.schedule)
 
 
-def _banners(manifest: Manifest, arms: list[ArmView], levels: list[LevelView],
-             differences: list[tuple[str, str, str]]) -> list[Banner]:
-    banners = []
+def _banners(manifest: Manifest, arms: list[ArmView], differences: list[tuple[str, str, str]]) -> list[Banner]:
+    """What the reader must know before the figures: imported results, or two identical arms. (An INVALID arm, a
+    partial run and levels not completed are on the arm and health lines and in the grouped reasons.)"""
     if manifest.imported_from:
-        banners.append(Banner("warn", f"Imported, not attested: these results were measured by other tooling and "
-                                      f"read from {show(manifest.imported_from)} (dsa-bench import); no server log "
-                                      "was read, so neither arm's execution path is known."))
-    elif all(arm.present for arm in arms) and not differences:
-        banners.append(Banner("warn", "The two arms have identical server commands, environments and benchmark "
-                                      "commands: this run compares a path with itself (fine for an A/A check only)."))
-    for arm in arms:
-        if arm.attestation == "INVALID":
-            detail = "; ".join(arm.mismatches) or "attestation.valid is false"
-            banners.append(Banner("invalid", f"INVALID: the {arm.name} arm did not run its intended path ({detail})."))
-    status = manifest.status
-    if status != "done":
-        banners.append(Banner("warn", f"Partial run: run status is '{show(status)}'; figures cover what finished."))
-    for arm in arms:
-        if not arm.present:
-            banners.append(Banner("warn", f"The {arm.name} arm is missing from the manifest (not started)."))
-    troubled = [
-        f"c={level.concurrency} {name}: {info.status}"
-        for level in levels for name, info in level.arms.items() if info.status_class != "ok"
-    ]
-    if troubled:
-        banners.append(Banner("warn", "Levels not completed: " + "; ".join(troubled) + "."))
-    return banners
+        return [Banner("warn", f"Imported, not attested: these results were measured by other tooling and read from "
+                               f"{show(manifest.imported_from)} (dsa-bench import); no server log was read, so "
+                               "neither arm's execution path is known.")]
+    if all(arm.present for arm in arms) and not differences:
+        return [Banner("warn", "The two arms have identical server commands, environments and benchmark commands: "
+                               "this run compares a path with itself (fine for an A/A check only).")]
+    return []
+
+
+def first_screen(store: RunDir, manifest: Manifest, verdict: Any, levels: list[LevelView],
+                 designs: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer at the top of the page (:mod:`harness.render.answer`): ``words``, ``reason``, ``rows`` (the forest
+    rows), ``next_step``, ``arm_lines``, ``health``."""
+    document = verdict if isinstance(verdict, Mapping) else None
+    rows = answer.forest_rows(document)
+    overall = document.get("overall") if document else None
+    return {
+        "overall": overall,
+        "words": answer.WORDS.get(str(overall), "No verdict yet: this run has not been judged."),
+        "reason": show(document.get("reason")) if document and document.get("reason") else "",
+        "rows": rows,
+        "next_step": answer.next_step(document, rows, designs, str(store.path)),
+        "arm_lines": [answer.arm_line(manifest.arm(name), name, manifest.versions, bool(manifest.imported_from))
+                      for name in ARMS],
+        "health": answer.health_line(manifest, levels),
+    }
 
 
 def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -382,6 +205,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         raise ValueError(f"unknown report sections {sorted(unknown)}; expected a subset of {SECTION_KEYS}")
     for key, value in load_sections(store, manifest, levels, given.get("verdict")).items():
         given.setdefault(key, value)        # a section passed in wins over the run directory's files
+    designs = designs_section(manifest, given.get("verdict"))
     return {
         "run_id": show(manifest.run_id or store.path.name),
         "status": show(manifest.status),
@@ -407,7 +231,12 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "arms": arms,
         "levels": level_views,
         "differences": differences,
-        "banners": _banners(manifest, arms, level_views, differences),
+        "banners": _banners(manifest, arms, differences),
+        "level_reasons": answer.level_reasons(manifest),
+        "answer": first_screen(store, manifest, given.get("verdict"), level_views, designs),
+        "startup": startup_section(manifest),
+        "correctness": correctness_section(given.get("verdict")),
+        "designs": designs,
         "files": store.listing(),
         "metrics": METRICS,
         "sections": {key: _lenient(given.get(key)) for key in SECTION_KEYS},
