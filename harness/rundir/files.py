@@ -57,7 +57,12 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def first_error(error: ValidationError) -> str:
+def first_error(error: ValidationError, template: str = "{where}: {message}") -> str:
+    """The first of pydantic's errors as one line: ``template`` with ``where`` (the dotted location, or
+    ``(top level)``) and ``message`` (pydantic's, without its ``Value error,`` prefix), plus ``(+N more)`` when there
+    are more."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
-    return f"{where}: {first.get('msg')}"
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return template.format(where=where, message=message) + more

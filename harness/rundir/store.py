@@ -52,6 +52,16 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def probe_writable(folder: Path) -> None:
+    """Prove ``folder`` takes an atomic write: write and remove ``folder/.write-test``.
+
+    Raises:
+        OSError: it does not (the caller turns it into a one-line error naming the fix).
+    """
+    atomic_write_text(folder / ".write-test", "ok")
+    (folder / ".write-test").unlink()
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     """Write ``data`` as indented JSON atomically (see :func:`atomic_write_text`)."""
     atomic_write_text(path, json_text(data))
@@ -364,5 +374,6 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
             raise RunDirError(f"{path}: {', '.join(keys)} cells that are not whole numbers; the file is corrupted")
 
 
-__all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "finite_float",
+__all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "probe_writable",
+           "finite_float",
            "json_text", "rows_to_csv", "upgrade_v1", "upgrade_v1_frame"]

@@ -4,7 +4,7 @@ per decision, the blocks a ±3 % decision needs, the A/A verdict, the host's loa
 and the same spread read through other analyses of the same runs (client TPOT, server-side TPOT, a robust estimator)
 where the run directory and this build have them. Formulas: :mod:`harness.judge.design_costs`.
 
-Reads the run directory only (``design.json``, written by ``python -m harness.design_study run``, names the design;
+Reads the run directory only (``design.json``, written by ``python -m harness.study.design_study run``, names the design;
 without it the run's scenario name stands in).
 """
 
