@@ -11,16 +11,6 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 
-def finite_float(value: Any) -> float | None:
-    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
-    values)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _clean(value: Any) -> Any:
     """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None, numpy scalars → Python."""
     if isinstance(value, float):

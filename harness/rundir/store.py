@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from harness.rundir import schema
-from harness.rundir.files import first_error, one_line, finite_float, json_text, rows_to_csv
+from harness.metrics import finite_float
+from harness.rundir.files import first_error, one_line, json_text, rows_to_csv
 from harness.rundir.v1 import upgrade_v1, upgrade_v1_frame
 from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, LevelKey, LevelRow,
                                    Manifest, RequestRow)
@@ -375,5 +376,4 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
 
 
 __all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "probe_writable",
-           "finite_float",
            "json_text", "rows_to_csv", "upgrade_v1", "upgrade_v1_frame"]
