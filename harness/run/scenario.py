@@ -379,18 +379,50 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
-def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
-    """Read a scenario TOML file, apply dotted-key ``overrides`` (e.g. ``{"serve.tensor_parallel_size": 4}``), validate.
+INCLUDE = "include"
+"""The key of a scenario that builds on another (lm-eval task YAML's ``include``): a scenario name or a path relative
+to the including file; the including file's tables merge into the base's key by key, its other values replace."""
+
+
+def _merged(base: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in variant.items():
+        both_tables = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both_tables else value
+    return out
+
+
+def _read_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The scenario file at ``path`` with its ``include`` chain merged in (:data:`INCLUDE`).
 
     Raises:
-        ScenarioError: missing file, malformed TOML, or invalid values (one line, naming file and key).
+        ScenarioError: malformed TOML, a missing base, or an include cycle.
     """
-    path = find_scenario(name_or_path)
+    if path.resolve() in chain:
+        raise ScenarioError(f"{path}: include cycle ({' → '.join(p.name for p in (*chain, path.resolve()))}); "
+                            f"remove one include")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise ScenarioError(f"{path}: malformed TOML ({error}); fix the syntax at that line") from None
-    apply_overrides(data, overrides or {})
+    if INCLUDE not in data:
+        return data
+    name = data.pop(INCLUDE)
+    beside = path.parent / str(name)
+    base_path = beside if beside.is_file() else find_scenario(str(name))
+    return _merged(_read_toml(base_path, (*chain, path.resolve())), data)
+
+
+def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read a scenario TOML file (with its ``include`` base, :data:`INCLUDE`), apply dotted-key ``overrides`` (e.g.
+    ``{"serve.tensor_parallel_size": 4}``), validate.
+
+    Raises:
+        ScenarioError: missing file, malformed TOML, an include cycle, or invalid values (one line, naming file and
+            key).
+    """
+    path = find_scenario(name_or_path)
+    data = apply_overrides(_read_toml(path), overrides or {})
     source = str(path) + (" (with CLI overrides)" if overrides else "")
     return scenario_from_dict(data, source)
 
