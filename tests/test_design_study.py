@@ -224,27 +224,9 @@ def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monke
     assert "(base `sequential-4r`: " in control and "Transparent huge pages during the runs" in out
 
 
-def test_robust_analyses_use_the_estimator_option_where_the_build_has_one(monkeypatch):
-    import inspect
-
-    from harness.judge import calibration, design_costs
-
-    real = calibration.paired_spread
-    if "estimator" in inspect.signature(real).parameters:
-        row = analyze_run(RECORDING, ("median",))
-        robust = row["analyses"]["robust: median"]
-        assert robust["pooled"]["pairs"] == 18 and robust["pooled"]["sd"] != row["spread"]["pooled"]["sd"]
-        return
-    assert "no estimator option" in analyze_run(RECORDING, ("median",))["analyses"]["robust: median"]["note"]
-
-    def with_estimator(levels, column="output_throughput", *, estimator="mean", **options):
-        kept = levels if estimator == "mean" else levels[levels["round"] % 4 != 3]   # drop each session's last round
-        return real(kept, column, **options)
-
-    monkeypatch.setattr(calibration, "paired_spread", with_estimator)
-    monkeypatch.setattr(design_costs, "paired_spread", with_estimator)
-    row = analyze_run(RECORDING, ("first-three",))
-    robust = row["analyses"]["robust: first-three"]
+def test_robust_analyses_read_the_same_runs_through_the_estimator_option():
+    row = analyze_run(RECORDING, ("median",))
+    robust = row["analyses"]["robust: median"]
     assert robust["pooled"]["pairs"] == 18 and robust["pooled"]["sd"] != row["spread"]["pooled"]["sd"]
 
 
