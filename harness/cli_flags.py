@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pydantic import ValidationError
+
+from harness.compare import CompareRequest, UsageError
 from harness.run.placement import parse_place_flag
+from harness.rundir.files import first_error
 
-__all__ = ["UsageError", "add_scenario_flags", "overrides", "duration"]
-
-
-class UsageError(ValueError):
-    """Bad command-line input; the message is printed as one line and the exit code is 2."""
+__all__ = ["UsageError", "add_scenario_flags", "overrides", "duration", "compare_request"]
 
 
 def _levels(text: str) -> list[int]:
@@ -99,7 +99,6 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         "aa_check": "cluster.aa_check", "restart_per_block": "serve.restart_per_block", "duet": "serve.duet",
     }
     overrides = {key: getattr(args, flag) for flag, key in mapping.items() if getattr(args, flag) is not None}
-    overrides.update(getattr(args, "arm_overrides", None) or {})   # set by dsa-bench calibrate
     if args.max_sessions is not None:
         overrides["gate.max_sessions"] = overrides["workload.repeats"] = args.max_sessions
     elif args.repeats is not None:   # N blocks in the fixed design; a scenario's own looks need its own block count
@@ -118,3 +117,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         overrides["workload.min_prompts"] = args.num_prompts
         overrides["workload.prompts_per_concurrency"] = 1
     return overrides
+
+
+def compare_request(args: argparse.Namespace, **fields: Any) -> CompareRequest:
+    """The scenario flags, ``--out`` and ``--budget`` of ``args`` (``compare`` or ``calibrate``) as a request;
+    ``fields``: the other :class:`harness.compare.CompareRequest` fields. Raises UsageError on an invalid field."""
+    try:
+        return CompareRequest(scenario=args.scenario, overrides=overrides(args), out=args.out, budget_s=args.budget,
+                              gsm8k_data=args.gsm8k_data, **fields)
+    except ValidationError as error:
+        raise UsageError(first_error(error)) from None

@@ -59,6 +59,7 @@ from harness.render import dashboard, summary, terminal
 from harness.render.output import VerdictView
 from harness.rundir.schema import EXIT_CODES, PYTORCH_JSON, STOPPED, SUMMARY, VERDICT, Manifest, VerdictDocument
 from harness.rundir.store import RunDir, RunDirError, SchemaError, json_text
+from harness.rundir.files import first_error
 
 __all__ = [
     "VERDICT_SCHEMA_VERSION", "VERDICT", "SUMMARY", "PYTORCH_JSON", "EXIT_CODES",
@@ -136,9 +137,7 @@ def _validate_policy(fields: Mapping[str, Any], source: str) -> GatePolicy:
     try:
         return GatePolicy.model_validate(dict(fields))
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "gate"
-        raise PolicyError(f"{source}: gate.{where}: {first.get('msg')}") from error
+        raise PolicyError(first_error(error, f"{source}: gate.{{where}}: {{message}}")) from error
 
 
 def _policy_from_manifest(manifest: Manifest | None) -> tuple[GatePolicy, str]:

@@ -15,8 +15,9 @@ policy names them, diagnostic otherwise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,6 +25,24 @@ Source = Literal["level", "request", "spec", "accuracy"]
 
 MTP_POSITIONS = 3
 """Draft positions with a per-position acceptance metric: the most any scenario drafts (GLM-5.2, 3 MTP tokens)."""
+
+
+def finite_float(value: Any) -> float | None:
+    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
+    values)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None when the numerator is missing or the denominator missing or 0 (a counter
+    that did not move: e.g. no drafts, no engine steps in the window)."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ def test_the_contracts_hold():
     ("harness/judge/stats.py", "import harness.run.server", "judging, rendering and the gate never import running"),
     ("harness/render/plots.py", "import harness.judge.verdict", "rendering reads judging only through the"),
     ("harness/run/plan.py", "import harness.run.machine", "the plan is pure"),
+    ("harness/run/runner.py", "import harness.study.calibrate", "only the CLI and the comparison entry point import"),
+    ("harness/study/design_table.py", "import harness.cli", "the study and the comparison entry point never import"),
+    ("harness/compare.py", "import harness.cli", "the study and the comparison entry point never import"),
+    ("harness/judge/cells.py", "import harness.rundir.store", "judging is pure: it never reads run directories"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     for name in ("dsa_route", "harness"):

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.calibrate import aa_overrides
+from harness.study.calibrate import aa_overrides
 from harness.cli import main
 from harness.judge.calibration import detectable_loss, paired_spread
 from harness.run.scenario import load_scenario
@@ -77,10 +77,10 @@ def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path
 
 
 def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded(tmp_path, monkeypatch):
-    import argparse
     import shutil
 
-    from harness import calibrate, cli, gate
+    from harness import compare, gate
+    from harness.study import calibrate
     from harness.rundir.schema import Manifest
     from harness.rundir.store import RunDir
 
@@ -89,13 +89,12 @@ def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded
     aa_overall = gate.run_gate(run_dir).status
     seen = {}
 
-    def fake_compare(args):
-        seen.update(args.arm_overrides)
-        return 0, run_dir
+    def fake_compare(request):
+        seen.update(request.overrides)
+        return compare.CompareResult(exit_code=0, run_dir=run_dir)
 
-    monkeypatch.setattr(cli, "run_compare", fake_compare)
-    args = argparse.Namespace(scenario="cpu-tiny-dsa", tp=None, quant=None, inject_candidate=None)
-    record = calibrate.run_aa_check(args)
+    monkeypatch.setattr(compare, "run", fake_compare)
+    record = calibrate.run_aa_check(compare.CompareRequest(scenario="cpu-tiny-dsa"))
     assert seen["cluster.swap_nodes"] is False and seen["cluster.aa_check"] is False
     assert seen["arms.candidate.route"] == load_scenario("cpu-tiny-dsa").arms["baseline"].route
     assert record == {"run_dir": str(run_dir), "overall": str(aa_overall), "reason": record["reason"]}
@@ -117,19 +116,20 @@ def test_calibrate_counts_false_alarms_over_its_aa_runs(tmp_path, monkeypatch, c
     import json
     import shutil
 
-    from harness import calibrate, cli
+    from harness import compare
+    from harness.study import calibrate
 
     verdicts = iter(["INCONCLUSIVE", "FAIL", "INCONCLUSIVE", "FAIL"])   # A/A ×3, then the slowdown
     injections = []
 
-    def fake_compare(args):
-        injections.append(args.arm_overrides["arms.candidate.inject"])
+    def fake_compare(request):
+        injections.append(request.overrides["arms.candidate.inject"])
         run_dir = tmp_path / f"run{len(injections)}"
         shutil.copytree("tests/fixtures/compare_run", run_dir)
         (run_dir / "verdict.json").write_text(json.dumps({"overall": next(verdicts), "reason": "r"}))
-        return 0, run_dir
+        return compare.CompareResult(exit_code=0, run_dir=run_dir)
 
-    monkeypatch.setattr(cli, "run_compare", fake_compare)
+    monkeypatch.setattr(compare, "run", fake_compare)
     code = main(["calibrate", "--aa-runs", "3", "--scenario", "cpu-tiny-dsa", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert injections == [None, None, None, calibrate.DEFAULT_SLOWDOWN]
@@ -149,14 +149,14 @@ def test_aa_runs_below_one_is_one_line_exit_2(capsys, tmp_path):
 
 def test_an_interrupted_run_ends_calibrate_without_starting_the_next(tmp_path, monkeypatch, capsys):
     """Ctrl-C or SIGTERM in one compare (its exit code 130) stops calibrate: no further A/A or slowdown run."""
-    from harness import cli
+    from harness import compare
 
     calls = []
 
-    def interrupted_compare(args):
-        calls.append(args.arm_overrides["arms.candidate.inject"])
-        return 130, tmp_path / "run"
+    def interrupted_compare(request):
+        calls.append(request.overrides["arms.candidate.inject"])
+        return compare.CompareResult(exit_code=130, run_dir=tmp_path / "run")
 
-    monkeypatch.setattr(cli, "run_compare", interrupted_compare)
+    monkeypatch.setattr(compare, "run", interrupted_compare)
     assert main(["calibrate", "--aa-runs", "3", "--scenario", "cpu-tiny-dsa", "--out", str(tmp_path)]) == 130
     assert calls == [None] and "no further runs" in capsys.readouterr().err

@@ -6,7 +6,8 @@ import stat
 import pytest
 
 from harness.run import procs
-from harness.cli import _overrides, build_parser, default_scenario, main
+from harness.cli import _overrides, build_parser, main
+from harness.compare import default_scenario
 
 
 def _run(capsys, *argv):

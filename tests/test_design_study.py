@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import cli, design_study
-from harness.design_analysis import analyze_run
-from harness.design_file import find_library, read_designs, resolve
-from harness.design_table import HEADER
+from harness import compare
+from harness.study import design_study
+from harness.study.design_analysis import analyze_run
+from harness.study.design_file import find_library, read_designs, resolve
+from harness.study.design_table import HEADER
 from harness.judge.design_costs import block_wall_s, decision_cost, pooled_spread, run_noise, sd_interval
 from harness.judge.planning import sessions_for_power
 from harness.rundir.schema import Manifest
@@ -133,7 +134,7 @@ def _design_file(tmp_path, body):
     ('[designs.a]\noverrides = { "workload.warmups" = -1 }\n', "workload.warmups"),
 ])
 def test_bad_design_file_is_one_line_exit_2_and_runs_nothing(tmp_path, monkeypatch, capsys, body, fragment):
-    monkeypatch.setattr(cli, "run_compare", lambda args: pytest.fail("a compare started"))
+    monkeypatch.setattr(compare, "run", lambda request: pytest.fail("a compare started"))
     code = design_study.main(["run", "--designs", "a", "--design-file", str(_design_file(tmp_path, body)),
                               "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
@@ -191,26 +192,28 @@ def test_a_library_found_nowhere_skips_its_design_and_one_found_is_preloaded(tmp
 def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monkeypatch, capsys):
     seen = []
 
-    def fake_compare(args):
+    def fake_compare(request):
         run_dir = tmp_path / "out" / "runs" / f"run{len(seen)}"
         shutil.copytree(RECORDING, run_dir)
-        seen.append(args)
-        return 0, run_dir
+        seen.append(request)
+        return compare.CompareResult(exit_code=0, run_dir=run_dir)
 
-    monkeypatch.setattr(cli, "run_compare", fake_compare)
+    monkeypatch.setattr(compare, "run", fake_compare)
     code = design_study.main(["run", "--designs", "sequential-1r,sequential-4r,warmups-8", "--blocks", "3",
                               "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert code == 0 and len(seen) == 3
-    for args in seen:
-        assert (args.repeats, args.no_gsm8k, args.gate, args.scenario) == (3, True, True, "cpu-tiny-dsa")
-        assert args.arm_overrides["allow_identical_arms"] is True
-        assert args.arm_overrides["arms.candidate.route"] == "baseline"
-        assert args.out == str(tmp_path / "out" / "runs")
-        assert args.arm_overrides["workload.budget_s"] is None      # K blocks, whatever the scenario's budget
-    assert seen[0].arm_overrides["serve.concurrent_servers"] is False
-    assert "workload.rounds_per_session" not in seen[0].arm_overrides
-    assert seen[2].arm_overrides["workload.warmups"] == 8 and seen[2].arm_overrides["workload.rounds_per_session"] == 4
+    for request in seen:
+        overrides = request.overrides
+        assert (overrides["workload.repeats"], overrides["accuracy.enabled"], request.gate, request.scenario) == (
+            3, False, True, "cpu-tiny-dsa")
+        assert overrides["allow_identical_arms"] is True
+        assert overrides["arms.candidate.route"] == "baseline"
+        assert request.out == tmp_path / "out" / "runs"
+        assert overrides["workload.budget_s"] is None      # K blocks, whatever the scenario's budget
+    assert seen[0].overrides["serve.concurrent_servers"] is False
+    assert "workload.rounds_per_session" not in seen[0].overrides
+    assert seen[2].overrides["workload.warmups"] == 8 and seen[2].overrides["workload.rounds_per_session"] == 4
     record = json.loads((tmp_path / "out" / "runs" / "run2" / "design.json").read_text())
     assert (record["design"], record["base"], record["blocks"]) == ("warmups-8", "sequential-4r", 3)
     assert "enabled" in record["thp"] and record["loadavg_before"]
@@ -221,27 +224,9 @@ def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monke
     assert "(base `sequential-4r`: " in control and "Transparent huge pages during the runs" in out
 
 
-def test_robust_analyses_use_the_estimator_option_where_the_build_has_one(monkeypatch):
-    import inspect
-
-    from harness.judge import calibration, design_costs
-
-    real = calibration.paired_spread
-    if "estimator" in inspect.signature(real).parameters:
-        row = analyze_run(RECORDING, ("median",))
-        robust = row["analyses"]["robust: median"]
-        assert robust["pooled"]["pairs"] == 18 and robust["pooled"]["sd"] != row["spread"]["pooled"]["sd"]
-        return
-    assert "no estimator option" in analyze_run(RECORDING, ("median",))["analyses"]["robust: median"]["note"]
-
-    def with_estimator(levels, column="output_throughput", *, estimator="mean", **options):
-        kept = levels if estimator == "mean" else levels[levels["round"] % 4 != 3]   # drop each session's last round
-        return real(kept, column, **options)
-
-    monkeypatch.setattr(calibration, "paired_spread", with_estimator)
-    monkeypatch.setattr(design_costs, "paired_spread", with_estimator)
-    row = analyze_run(RECORDING, ("first-three",))
-    robust = row["analyses"]["robust: first-three"]
+def test_robust_analyses_read_the_same_runs_through_the_estimator_option():
+    row = analyze_run(RECORDING, ("median",))
+    robust = row["analyses"]["robust: median"]
     assert robust["pooled"]["pairs"] == 18 and robust["pooled"]["sd"] != row["spread"]["pooled"]["sd"]
 
 
@@ -250,7 +235,7 @@ def test_robust_analyses_use_the_estimator_option_where_the_build_has_one(monkey
     (["analyze", "tests/fixtures/no-such-run"], "not a run directory"),
 ])
 def test_bad_run_or_analyze_arguments_are_exit_2(argv, fragment, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "run_compare", lambda args: pytest.fail("a compare started"))
+    monkeypatch.setattr(compare, "run", lambda request: pytest.fail("a compare started"))
     assert design_study.main(argv + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1 and list(tmp_path.iterdir()) == []

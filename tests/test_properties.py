@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from harness.cli import main
 from harness.gate import PolicyError, load_policy, run_gate
@@ -74,9 +75,11 @@ def test_mutated_scenarios_are_a_scenario_or_one_line(path, value):
                               values, max_size=4))
 def test_random_policies_are_a_policy_or_one_line(fields):
     try:
-        GatePolicy.model_validate(fields)
-    except ValueError:
-        pass  # pydantic's error: load_policy turns it into PolicyError (next test)
+        policy = GatePolicy.model_validate(fields)
+    except ValueError as error:   # pydantic's error: load_policy turns it into PolicyError (next test)
+        assert isinstance(error, ValidationError) and error.error_count() >= 1
+    else:
+        assert "unknown" not in fields and isinstance(policy, GatePolicy)   # extra keys are refused
 
 
 @FAST

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from harness import design_study
+from harness.study import design_study
 from harness.gate import run_gate
 from harness.render import designs, render_report
 from harness.rundir.store import RunDir

@@ -86,3 +86,22 @@ def test_prompts_per_level_has_a_floor():
     work = load_scenario("cpu-tiny").workload
     assert work.num_prompts(1) == max(work.min_prompts, work.prompts_per_concurrency)
     assert work.num_prompts(64) == 64 * work.prompts_per_concurrency
+
+
+def test_a_variant_includes_its_base_and_states_only_what_differs(tmp_path):
+    """``include`` (lm-eval's task-YAML key): the base's tables merge key by key under the variant's values."""
+    base = load_scenario("glm-5.2-nvfp4-tp4")
+    (tmp_path / "variant.toml").write_text('include = "glm-5.2-nvfp4-tp4"\nname = "variant"\n\n'
+                                           '[workload]\ninput_len = 2048\n', encoding="utf-8")
+    variant = load_scenario(str(tmp_path / "variant.toml"))
+    assert (variant.name, variant.workload.input_len) == ("variant", 2048)
+    assert variant.workload.concurrency == base.workload.concurrency and variant.serve == base.serve
+    long = load_scenario("glm-5.2-nvfp4-tp4-long")
+    assert long.workload.input_len == 32768 and long.mtp == base.mtp and long.arms == base.arms
+
+
+def test_an_include_cycle_is_one_line(tmp_path):
+    (tmp_path / "a.toml").write_text('include = "b.toml"\n', encoding="utf-8")
+    (tmp_path / "b.toml").write_text('include = "a.toml"\n', encoding="utf-8")
+    with pytest.raises(ScenarioError, match="include cycle"):
+        load_scenario(str(tmp_path / "a.toml"))

@@ -119,7 +119,7 @@ def test_the_scenario_budget_applies_unless_budget_is_given(flag, expected, tmp_
     """``workload.budget_s`` is the run's budget; ``--budget`` overrides it."""
     import argparse
 
-    from harness import cli
+    from harness import cli, compare
     from harness.run import runner as runner_mod
 
     seen = {}
@@ -135,9 +135,10 @@ def test_the_scenario_budget_applies_unless_budget_is_given(flag, expected, tmp_
     parser = cli.build_parser()
     args = parser.parse_args(["compare", "--scenario", "cpu-tiny-dsa", "--no-gsm8k", "--out", str(tmp_path)]
                              + ([] if flag is None else ["--budget", f"{flag:g}s"]))
-    args.arm_overrides = {"workload.budget_s": 600.0}
+    request = cli.compare_request(args)
+    request = request.model_copy(update={"overrides": {**request.overrides, "workload.budget_s": 600.0}})
     with pytest.raises(Stop):
-        cli.run_compare(args)
+        compare.run(request)
     assert seen["budget_s"] == expected
 
 

@@ -14,7 +14,7 @@ from harness.judge.stalls import location_rounds
 from harness.judge.validity import ValidityReport
 from harness.metrics import SERVER_SIDE, succeeded
 from harness.rundir.schema import Manifest
-from harness.rundir.store import finite_float
+from harness.metrics import finite_float
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from harness.judge.policy import GatePolicy
 from harness.judge.stalls import excludes
 from harness.metrics import achieved_concurrency, succeeded
 from harness.rundir.schema import STOPPED, ArmRecord, Manifest
-from harness.rundir.store import finite_float
+from harness.metrics import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
 

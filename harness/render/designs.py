@@ -1,5 +1,5 @@
 """The report's "Designs measured on this machine" section: the committed design study of this run's machine class
-(``results/design-study/<machine>.json``, written by ``python -m harness.design_study``; matched on the manifest's
+(``results/design-study/<machine>.json``, written by ``python -m harness.study.design_study``; matched on the manifest's
 :meth:`~harness.rundir.schema.Platform.identity`) and this run's own paired spread and cost per decision
 (``verdict.json``'s ``noise``, :func:`harness.judge.design_costs.run_noise` via the gate).
 

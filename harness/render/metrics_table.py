@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness.metrics import METRICS as ALL_METRICS, REPORT_TABLE, Metric
+from harness.metrics import METRICS as ALL_METRICS, REPORT_TABLE, Metric, finite_float
 
 BASELINE = "baseline"
 CANDIDATE = "candidate"
@@ -42,18 +42,10 @@ def delta_class(metric: Metric, delta: float | None) -> str:
     return "better" if improved else "worse"
 
 
-def _finite(value) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def fmt_value(value: float | None) -> str:
     """Format a metric value for a table cell: ``—`` for missing/NaN/non-numbers, 3 significant digits below 1,
     else 2 decimals with thousands separators."""
-    value = _finite(value)
+    value = finite_float(value)
     if value is None:
         return "—"
     if value != 0 and abs(value) < 1:
@@ -63,7 +55,7 @@ def fmt_value(value: float | None) -> str:
 
 def fmt_delta(delta: float | None) -> str:
     """Format a Δ % with its sign and one decimal (``+10.8 %``), ``—`` when undefined."""
-    delta = _finite(delta)
+    delta = finite_float(delta)
     if delta is None:
         return "—"
     return f"{delta:+.1f} %"

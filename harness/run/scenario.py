@@ -16,6 +16,7 @@ from dsa_route.inject import Injection, parse_injection
 from harness.judge.policy import GatePolicy
 from harness.run.cluster_spec import ClusterSpec
 from harness.run.spec_base import Frozen as _Frozen, one_of as _one_of
+from harness.rundir.files import first_error
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
@@ -354,14 +355,6 @@ class Scenario(_Frozen):
         return ["baseline", "candidate"]
 
 
-def _format_error(source: str, error: ValidationError) -> str:
-    first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"].removeprefix("Value error, ")
-    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"{source}: key '{key}': {message}{more}"
-
-
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scenario:
     """Validate ``data`` into a :class:`Scenario`.
 
@@ -371,7 +364,7 @@ def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scen
     try:
         return Scenario.model_validate(data)
     except ValidationError as error:
-        raise ScenarioError(_format_error(source, error)) from None
+        raise ScenarioError(first_error(error, f"{source}: key '{{where}}': {{message}}")) from None
 
 
 def find_scenario(name_or_path: str) -> Path:
@@ -388,23 +381,62 @@ def find_scenario(name_or_path: str) -> Path:
     raise ScenarioError(f"{name_or_path}: no such scenario file; use a path or one of: {shipped}")
 
 
-def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
-    """Read a scenario TOML file, apply dotted-key ``overrides`` (e.g. ``{"serve.tensor_parallel_size": 4}``), validate.
-
-    Raises:
-        ScenarioError: missing file, malformed TOML, or invalid values (one line, naming file and key).
-    """
-    path = find_scenario(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise ScenarioError(f"{path}: malformed TOML ({error}); fix the syntax at that line") from None
-    for dotted, value in (overrides or {}).items():
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set each dotted key of ``overrides`` (``{"serve.tensor_parallel_size": 4}``) in the nested ``data``, creating
+    missing tables; returns ``data`` (changed in place)."""
+    for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    return data
+
+
+INCLUDE = "include"
+"""The key of a scenario that builds on another (lm-eval task YAML's ``include``): a scenario name or a path relative
+to the including file; the including file's tables merge into the base's key by key, its other values replace."""
+
+
+def _merged(base: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in variant.items():
+        both_tables = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both_tables else value
+    return out
+
+
+def _read_toml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The scenario file at ``path`` with its ``include`` chain merged in (:data:`INCLUDE`).
+
+    Raises:
+        ScenarioError: malformed TOML, a missing base, or an include cycle.
+    """
+    if path.resolve() in chain:
+        raise ScenarioError(f"{path}: include cycle ({' → '.join(p.name for p in (*chain, path.resolve()))}); "
+                            f"remove one include")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise ScenarioError(f"{path}: malformed TOML ({error}); fix the syntax at that line") from None
+    if INCLUDE not in data:
+        return data
+    name = data.pop(INCLUDE)
+    beside = path.parent / str(name)
+    base_path = beside if beside.is_file() else find_scenario(str(name))
+    return _merged(_read_toml(base_path, (*chain, path.resolve())), data)
+
+
+def load_scenario(name_or_path: str, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read a scenario TOML file (with its ``include`` base, :data:`INCLUDE`), apply dotted-key ``overrides`` (e.g.
+    ``{"serve.tensor_parallel_size": 4}``), validate.
+
+    Raises:
+        ScenarioError: missing file, malformed TOML, an include cycle, or invalid values (one line, naming file and
+            key).
+    """
+    path = find_scenario(name_or_path)
+    data = apply_overrides(_read_toml(path), overrides or {})
     source = str(path) + (" (with CLI overrides)" if overrides else "")
     return scenario_from_dict(data, source)
 

@@ -55,6 +55,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from harness.metrics import ratio
+
 RESULT_KEY = "dsa_bench_server_metrics"
 """Key of the two ``/metrics`` captures in a saved ``vllm bench serve`` result (written by :mod:`harness.run.loadgen`)."""
 
@@ -111,12 +113,6 @@ def _delta(before: Mapping[str, float], after: Mapping[str, float], name: str) -
     return delta
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
 def _count(value: float | None) -> int | None:
     return None if value is None else int(round(value))
 
@@ -133,15 +129,15 @@ def window(before_text: str, after_text: str, duration_s: float | None) -> dict[
     before, after = sample_totals(before_text), sample_totals(after_text)
     fields: dict[str, Any] = {}
     for column, histogram in TIMING_HISTOGRAMS.items():
-        mean_s = _ratio(_delta(before, after, f"{histogram}_sum"), _delta(before, after, f"{histogram}_count"))
+        mean_s = ratio(_delta(before, after, f"{histogram}_sum"), _delta(before, after, f"{histogram}_count"))
         fields[column] = None if mean_s is None else 1000.0 * mean_s
     tokens = _delta(before, after, GENERATION_TOKENS)
     steps = _delta(before, after, f"{STEP_HISTOGRAM}_count")
     fields["server_requests"] = _count(_delta(before, after, f"{REQUEST_HISTOGRAM}_count"))
     fields["server_generation_tokens"] = _count(tokens)
     fields["engine_steps"] = _count(steps)
-    fields["engine_steps_per_s"] = _ratio(steps, duration_s if duration_s and duration_s > 0 else None)
-    fields["tokens_per_step"] = _ratio(tokens, steps)
+    fields["engine_steps_per_s"] = ratio(steps, duration_s if duration_s and duration_s > 0 else None)
+    fields["tokens_per_step"] = ratio(tokens, steps)
     return fields
 
 

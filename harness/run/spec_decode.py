@@ -41,6 +41,7 @@ import math
 import time
 from typing import Any, Mapping
 
+from harness.metrics import ratio
 from harness.rundir import schema
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -100,16 +101,10 @@ def snapshot(base_url: str, headers: Mapping[str, str] | None = None, *, settle_
     return current
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
 def _window_dict(drafts: float | None, draft_tokens: float | None, accepted: float | None,
                  per_pos: list[float] | None) -> dict[str, Any]:
-    rate = _ratio(accepted, draft_tokens)
-    per_drafts = _ratio(accepted, drafts)
+    rate = ratio(accepted, draft_tokens)
+    per_drafts = ratio(accepted, drafts)
     return {
         "spec_drafts": None if drafts is None else int(round(drafts)),
         "spec_draft_tokens": None if draft_tokens is None else int(round(draft_tokens)),

@@ -101,8 +101,7 @@ def new_run_dir(out_dir: Path, scenario_name: str) -> Path:
     run_dir = out_dir / run_id
     try:
         run_dir.mkdir(parents=True, exist_ok=False)
-        rundir_store.atomic_write_text(run_dir / ".write-test", "ok")
-        (run_dir / ".write-test").unlink()
+        rundir_store.probe_writable(run_dir)
     except OSError as error:
         raise RunError(f"cannot write results to {run_dir} ({error.strerror or error}); "
                        f"pass a writable directory with --out") from None

@@ -11,16 +11,6 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 
-def finite_float(value: Any) -> float | None:
-    """``float(value)`` when it is a finite number, else None (missing, non-numeric, NaN or ±inf cells and JSON
-    values)."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _clean(value: Any) -> Any:
     """JSON without NaN/Infinity (strict parsers reject them): non-finite floats → None, numpy scalars → Python."""
     if isinstance(value, float):
@@ -57,7 +47,12 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def first_error(error: ValidationError) -> str:
+def first_error(error: ValidationError, template: str = "{where}: {message}") -> str:
+    """The first of pydantic's errors as one line: ``template`` with ``where`` (the dotted location, or
+    ``(top level)``) and ``message`` (pydantic's, without its ``Value error,`` prefix), plus ``(+N more)`` when there
+    are more."""
     first = error.errors()[0]
     where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
-    return f"{where}: {first.get('msg')}"
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return template.format(where=where, message=message) + more

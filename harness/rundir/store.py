@@ -20,7 +20,8 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel, ValidationError
 
 from harness.rundir import schema
-from harness.rundir.files import first_error, one_line, finite_float, json_text, rows_to_csv
+from harness.metrics import finite_float
+from harness.rundir.files import first_error, one_line, json_text, rows_to_csv
 from harness.rundir.v1 import upgrade_v1, upgrade_v1_frame
 from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, LevelKey, LevelRow,
                                    Manifest, RequestRow)
@@ -50,6 +51,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def probe_writable(folder: Path) -> None:
+    """Prove ``folder`` takes an atomic write: write and remove ``folder/.write-test``.
+
+    Raises:
+        OSError: it does not (the caller turns it into a one-line error naming the fix).
+    """
+    atomic_write_text(folder / ".write-test", "ok")
+    (folder / ".write-test").unlink()
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
@@ -364,5 +375,5 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
             raise RunDirError(f"{path}: {', '.join(keys)} cells that are not whole numbers; the file is corrupted")
 
 
-__all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "finite_float",
+__all__ = ["RunDir", "RunDirError", "SchemaError", "atomic_write_json", "atomic_write_text", "probe_writable",
            "json_text", "rows_to_csv", "upgrade_v1", "upgrade_v1_frame"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.rundir.files import finite_float
+from harness.metrics import finite_float
 from harness.rundir.schema import LevelKey
 
 

@@ -4,20 +4,18 @@ per decision, the blocks a ±3 % decision needs, the A/A verdict, the host's loa
 and the same spread read through other analyses of the same runs (client TPOT, server-side TPOT, a robust estimator)
 where the run directory and this build have them. Formulas: :mod:`harness.judge.design_costs`.
 
-Reads the run directory only (``design.json``, written by ``python -m harness.design_study run``, names the design;
+Reads the run directory only (``design.json``, written by ``python -m harness.study.design_study run``, names the design;
 without it the run's scenario name stands in).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 import statistics
 from pathlib import Path
 from typing import Any
 
-from harness.judge import calibration
 from harness.judge.design_costs import run_noise
 from harness.rundir.schema import Manifest
 from harness.rundir.store import RunDir
@@ -65,8 +63,6 @@ def _sessions(store: RunDir, manifest: Manifest, levels) -> list[dict[str, Any]]
 
 
 def _robust(manifest: Manifest, levels, estimator: str) -> dict[str, Any]:
-    if "estimator" not in inspect.signature(calibration.paired_spread).parameters:
-        return {"note": "harness.judge.calibration.paired_spread has no estimator option in this build"}
     try:
         return run_noise(manifest, levels, estimator=estimator)
     except (ValueError, TypeError, KeyError) as error:

@@ -1,13 +1,13 @@
 """The design study: which run design gives a decision on this machine for the least wall time.
 
-``python -m harness.design_study run --designs NAME,... --blocks K [--out results/design-study/]`` runs each named
-design of the design file (:mod:`harness.design_file`, default ``scenarios/design-study/cpu.toml``) as a real A/A
-``dsa-bench compare`` (the candidate a copy of the baseline arm, :func:`harness.calibrate.aa_overrides`; K session
+``python -m harness.study.design_study run --designs NAME,... --blocks K [--out results/design-study/]`` runs each named
+design of the design file (:mod:`harness.study.design_file`, default ``scenarios/design-study/cpu.toml``) as a real A/A
+``dsa-bench compare`` (the candidate a copy of the baseline arm, :func:`harness.study.calibrate.aa_overrides`; K session
 blocks, GSM8K off, gated), one after the other, into ``<out>/runs/``; each run directory gets ``design.json`` (the
 design, its overrides, the host's load average before and after, transparent-huge-page settings). Then it analyzes
 them as ``analyze`` does.
 
-``python -m harness.design_study analyze RUN_DIR...`` computes each run's row (:func:`harness.design_analysis.
+``python -m harness.study.design_study analyze RUN_DIR...`` computes each run's row (:func:`harness.study.design_analysis.
 analyze_run`), merges them by design name into ``<out>/<machine>.json`` (a design measured again replaces its row)
 and prints the markdown table the README takes verbatim, with the cheapest design (least spread² × wall time per
 block). Bad input (an unknown design or override key, a missing run directory) is one line and exit 2, nothing run.
@@ -22,9 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.design_analysis import DESIGN_RECORD, analyze_run, machine_key
-from harness.design_file import DEFAULT_FILE, Design, DesignFileError, read_designs, resolve
-from harness.design_table import cheapest, markdown
+from harness.compare import CompareRequest
+from harness.study.design_analysis import DESIGN_RECORD, analyze_run, machine_key
+from harness.study.design_file import DEFAULT_FILE, Design, DesignFileError, read_designs, resolve
+from harness.study.design_table import cheapest, markdown
 from harness.render.designs import STUDY_KIND
 from harness.run.scenario import REPO_ROOT
 from harness.rundir.store import atomic_write_text
@@ -47,18 +48,16 @@ def host_state() -> dict[str, Any]:
     return {"loadavg": _read("/proc/loadavg"), "thp": thp}
 
 
-def compare_args(scenario: str, blocks: int, out: Path) -> argparse.Namespace:
-    """``dsa-bench compare --scenario S --repeats K --no-gsm8k --gate --out OUT`` as the CLI parses it."""
-    from harness.cli import build_parser
-
-    return build_parser().parse_args(["compare", "--scenario", scenario, "--repeats", str(blocks), "--no-gsm8k",
-                                      "--gate", "--out", str(out)])
+def compare_request(scenario: str, blocks: int, out: Path) -> CompareRequest:
+    """``dsa-bench compare --scenario S --repeats K --no-gsm8k --gate --out OUT`` as a request."""
+    return CompareRequest(scenario=scenario, out=out, gate=True,
+                          overrides={"workload.repeats": blocks, "gate.max_sessions": None, "accuracy.enabled": False})
 
 
 def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) -> list[Path]:
     """Run each design as a gated A/A compare into ``out/runs``; returns the run directories made (a Ctrl-C stops
     after the finished ones)."""
-    from harness.calibrate import run_aa
+    from harness.study.calibrate import run_aa
 
     made = []
     for design in designs:
@@ -69,7 +68,7 @@ def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) ->
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             # every design runs its K blocks: the scenario's budget (cpu-tiny-dsa: 12 min) would cut slow designs short
-            code, run_dir = run_aa(compare_args(scenario, blocks, out / "runs"), None,
+            code, run_dir = run_aa(compare_request(scenario, blocks, out / "runs"), None,
                                    {"workload.budget_s": None, **design.overrides})
         except KeyboardInterrupt:
             print(f"design {design.name}: interrupted; analyzing the finished runs", file=sys.stderr)
@@ -129,7 +128,7 @@ def _analyze(run_dirs: list[Path], out: Path, estimators: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.design_study", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.study.design_study", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the named designs as real A/A compares, then analyze them")
     run.add_argument("--designs", required=True, help="comma-separated design names of the design file")

@@ -18,17 +18,17 @@ Exit code: 0 when no A/A run FAILed and the slowdown did, 1 otherwise (2: bad in
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from harness.compare import INTERRUPTED, CompareRequest, UsageError
+
 __all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa", "run_aa_check"]
 
 DEFAULT_SLOWDOWN = "step-delay:2"
-INTERRUPTED = 130   # run_compare's exit code after Ctrl-C or SIGTERM (harness.cli)
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -52,36 +52,33 @@ def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
             "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
 
 
-def run_aa(args: argparse.Namespace, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
-    """A gated ``compare`` of ``args``' scenario with the candidate made the baseline arm (:func:`aa_overrides`,
+def run_aa(request: CompareRequest, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
+    """A gated comparison of ``request``'s scenario with the candidate made the baseline arm (:func:`aa_overrides`,
     ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run directory).
 
     Raises:
-        KeyboardInterrupt: the compare was interrupted (Ctrl-C, SIGTERM; its exit code 130) — so a caller running
+        KeyboardInterrupt: the comparison was interrupted (Ctrl-C, SIGTERM; its exit code 130) — so a caller running
             several never starts the next one.
     """
-    from harness.cli import default_scenario, run_compare
+    from harness import compare
     from harness.run import machine
     from harness.run.scenario import load_scenario
 
-    name = args.scenario or default_scenario(machine.detect().name, args.tp, args.quant)
-    scenario = load_scenario(name)
-    run_args = copy.copy(args)
-    run_args.scenario = name
-    run_args.arm_overrides = {**aa_overrides(scenario.arms["baseline"], inject), **(extra or {})}
-    run_args.gate, run_args.resume, run_args.continue_on_error = True, None, False
-    run_args.base_url_baseline = run_args.base_url_candidate = None
-    code, run_dir = run_compare(run_args)
-    if code == INTERRUPTED:
-        raise KeyboardInterrupt(f"interrupted: {run_dir}")
-    return code, run_dir
+    name = request.scenario_name(machine.detect().name)
+    overrides = {**request.overrides, **aa_overrides(load_scenario(name).arms["baseline"], inject), **(extra or {})}
+    aa = request.model_copy(update={"scenario": name, "overrides": overrides, "gate": True, "resume": None,
+                                    "continue_on_error": False, "base_urls": None})
+    result = compare.run(aa)
+    if result.exit_code == INTERRUPTED:
+        raise KeyboardInterrupt(f"interrupted: {result.run_dir}")
+    return result.exit_code, result.run_dir
 
 
-def run_aa_check(args: argparse.Namespace) -> dict[str, Any]:
+def run_aa_check(request: CompareRequest) -> dict[str, Any]:
     """``[cluster] aa_check``: before the A/B, an A/A run of the baseline arm on both arms' placements, not swapped
     (so a node or core-set effect shows instead of cancelling), in its own run directory and gated. Returns the A/B
     manifest's ``aa_check`` record."""
-    _, run_dir = run_aa(args, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
+    _, run_dir = run_aa(request, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
     figures = _figures(run_dir)
     return {"run_dir": figures["run_dir"], "overall": figures["overall"], "reason": figures["reason"]}
 
@@ -137,9 +134,10 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Run the A/A and the slowdown comparisons, print and store what they show."""
+    """Run the A/A and the slowdown comparisons of ``args`` (the parsed ``calibrate`` command line), print and
+    store what they show."""
     from dsa_route.inject import parse_injection
-    from harness.cli import UsageError
+    from harness.cli_flags import compare_request
 
     if args.inject_candidate:
         raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
@@ -149,9 +147,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--slowdown: {error}") from None
     if args.aa_runs < 1:
         raise UsageError(f"--aa-runs must be ≥ 1, not {args.aa_runs}")
+    request = compare_request(args)
     try:
-        aa_runs = [_figures(run_aa(args, None)[1]) for _ in range(args.aa_runs)]
-        slow = _figures(run_aa(args, args.slowdown)[1])
+        aa_runs = [_figures(run_aa(request, None)[1]) for _ in range(args.aa_runs)]
+        slow = _figures(run_aa(request, args.slowdown)[1])
     except KeyboardInterrupt as stop:
         print(f"calibrate: {stop or 'interrupted'}; no further runs", file=sys.stderr)
         return INTERRUPTED
