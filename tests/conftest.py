@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import pytest
 
+from real_runs import STEP_DELAY_MS, second_venv
+
 
 @pytest.fixture(scope="module")
 def supported_vllm():
@@ -34,7 +36,6 @@ def supported_vllm():
 # facts of the same kind of run share one session-scoped `dsa-bench compare`, started on first use.
 REPO = Path(__file__).resolve().parent.parent
 DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
-STEP_DELAY_MS = 50   # the slowed candidate's sleep per engine step (dsa_route.inject step-delay)
 
 
 class RealRun(NamedTuple):
@@ -54,15 +55,6 @@ def _compare(out: Path, *argv: str) -> RealRun:
     runs = list(out.iterdir())
     assert len(runs) == 1, f"dsa-bench compare wrote no run directory (exit {proc.returncode}): {proc.stderr[-4000:]}"
     return RealRun(proc, runs[0], tag)
-
-
-def second_venv(root: Path) -> Path:
-    """A ``python -m venv`` whose site-packages reach this environment's through a .pth file; its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = next(root.glob("lib/python*/site-packages"))
-    here = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "vllm").is_dir())
-    (site / "first-venv.pth").write_text(here + "\n")
-    return root / "bin" / "python"
 
 
 @pytest.fixture(scope="session")

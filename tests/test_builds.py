@@ -12,7 +12,7 @@ from harness.run import builds
 from harness.run.plan import ArmPlan
 from harness.run.builds import mismatch as _build_mismatch
 from harness.rundir.store import RunDir
-from conftest import second_venv
+from real_runs import second_venv
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 ARM = ArmPlan(name="candidate", route="candidate", description="", decision={}, unavailable=(), intended={},

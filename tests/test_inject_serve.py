@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from conftest import STEP_DELAY_MS
+from real_runs import STEP_DELAY_MS
 from harness.rundir import schema
 
 pytestmark = pytest.mark.slow
