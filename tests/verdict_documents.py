@@ -61,7 +61,7 @@ def report(name: str, root: Path) -> dict[str, Any]:
     main(["gate", str(run_dir)])
     code = main(["report", str(run_dir)])
     html = (run_dir / "report.html").read_text(encoding="utf-8")
-    overall = re.search(r"Overall:\s*(?:<[^>]+>\s*)*([A-Z]+)", html)
+    overall = re.search(r'id="verdict-words" class="verdict-overall ([A-Z]+)', html)
     return {"exit_code": code, "overall": overall.group(1) if overall else None}
 
 
