@@ -58,6 +58,7 @@ class Metric:
         default_margin: the gate's default non-inferiority margin (% of baseline; points for accuracy); None: not
             gated (shown in the report only).
         short, formula: the definition printed beside the metric in the report, short and full.
+        abbrev: the metric's name in the 80-column terminal table (≤ 9 characters; its legend gives the label).
     """
 
     name: str
@@ -70,6 +71,7 @@ class Metric:
     statistic: str = "mean"
     short: str = ""
     formula: str = ""
+    abbrev: str = ""
 
     @property
     def margin_unit(self) -> str:
@@ -116,12 +118,12 @@ _SERVER_WHAT = {
 def _server(metric: str, label: str, default_margin: float | None) -> Metric:
     histogram, what = _SERVER_WHAT[metric]
     return Metric(f"server_mean_{metric}_ms", f"Mean {label}, server", "ms", False, "level", default_margin,
-                  f"server_mean_{metric}_ms", short=f"vLLM /metrics {label} histogram; mean",
+                  f"server_mean_{metric}_ms", short=f"vLLM /metrics {label} histogram; mean", abbrev=f"srv {label}",
                   formula=f"{label} (server) = " + _SERVER.format(hist=histogram, what=what))
 
 
-def _throughput(name: str, label: str, unit: str, short: str, formula: str) -> Metric:
-    return Metric(name, label, unit, True, "level", -3.0, name, short=short, formula=formula)
+def _throughput(name: str, label: str, unit: str, short: str, formula: str, abbrev: str) -> Metric:
+    return Metric(name, label, unit, True, "level", -3.0, name, short=short, formula=formula, abbrev=abbrev)
 
 
 def _request(column: str, label: str, statistic: str) -> Metric:
@@ -129,23 +131,23 @@ def _request(column: str, label: str, statistic: str) -> Metric:
     over = _PCT if statistic == "p99" else f"{statistic} over requests"
     return Metric(f"{statistic}_{column}", f"{shown} {label}", "ms", False, "request",
                   10.0 if statistic == "p99" else 3.0, column, statistic, f"{_SHORT[column]}; {statistic}",
-                  f"{_FULL[column]}; {over}")
+                  f"{_FULL[column]}; {over}", {"mean": label, "median": f"{label} p50", "p99": f"{label} p99"}[statistic])
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
     _throughput("output_throughput", "Output throughput", "tok/s", "Σ output tokens / duration",
-                "Σ output tokens (server-counted) / benchmark duration"),
+                "Σ output tokens (server-counted) / benchmark duration", "tput"),
     _throughput("total_token_throughput", "Total token throughput", "tok/s", "(Σ input + Σ output tokens) / duration",
-                "(Σ input tokens + Σ output tokens) / benchmark duration"),
+                "(Σ input tokens + Σ output tokens) / benchmark duration", "tot tput"),
     _throughput("request_throughput", "Request throughput", "req/s", "completed requests / duration",
-                "completed requests / benchmark duration"),
+                "completed requests / benchmark duration", "req/s"),
     *(_request(column, label, statistic) for column, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
                                                                ("e2el_ms", "E2EL"))
       for statistic in ("mean", "median", "p99")),
     Metric("mean_itl_ms", "Mean ITL", "ms", False, "level", None, "mean_itl_ms",
-           short="gap between streamed chunks, pooled; mean", formula=_ITL + "; mean"),
+           short="gap between streamed chunks, pooled; mean", formula=_ITL + "; mean", abbrev="ITL"),
     Metric("p99_itl_ms", "P99 ITL", "ms", False, "level", None, "p99_itl_ms",
-           short="gap between streamed chunks, pooled; p99", formula=_ITL + "; 99th percentile"),
+           short="gap between streamed chunks, pooled; p99", formula=_ITL + "; 99th percentile", abbrev="ITL p99"),
     _server("ttft", "TTFT", 3.0),
     _server("tpot", "TPOT", 3.0),
     _server("itl", "ITL", None),
@@ -154,23 +156,25 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            short="engine steps / duration (server)",
            formula="Δ vllm:iteration_tokens_total_count (engine steps that emitted output) / benchmark duration; "
                    "output throughput = engine steps per second × tokens per step (engine speed, untouched by MTP "
-                   "acceptance at a fixed concurrency)"),
+                   "acceptance at a fixed concurrency)", abbrev="steps/s"),
     Metric("tokens_per_step", "Tokens per engine step", "tokens", True, "level", -2.0, "tokens_per_step",
            short="generated tokens / engine steps (server)",
            formula="Δ vllm:generation_tokens_total / Δ vllm:iteration_tokens_total_count = requests decoded per "
-                   "step × tokens per request-step (1 without MTP, ≈ the MTP acceptance length with it)"),
+                   "step × tokens per request-step (1 without MTP, ≈ the MTP acceptance length with it)",
+           abbrev="tok/step"),
     Metric("acceptance_length", "MTP acceptance length", "tokens", True, "spec", -2.0, "acceptance_length",
-           formula="1 + accepted draft tokens / drafts over the measured window"),
+           formula="1 + accepted draft tokens / drafts over the measured window", abbrev="acc len"),
     Metric("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0, "acceptance_rate",
-           formula="accepted draft tokens / draft tokens over the measured window"),
+           formula="accepted draft tokens / draft tokens over the measured window", abbrev="acc rate"),
     *(Metric(f"acceptance_pos_{k}", f"MTP acceptance at draft position {k}", "", True, "spec", -2.0,
              "acceptance_per_pos",
              formula=f"accepted draft tokens at position {k} / drafts over the measured window "
                      "(vllm:spec_decode_num_accepted_tokens_per_pos{position=k-1} / vllm:spec_decode_num_drafts): "
-                     "a defect that hurts only later draft positions (vLLM #46075) shows here, not in the mean")
+                     "a defect that hurts only later draft positions (vLLM #46075) shows here, not in the mean",
+             abbrev=f"acc@{k}")
       for k in range(1, MTP_POSITIONS + 1)),
     Metric("gsm8k_accuracy", "GSM8K accuracy", "%", True, "accuracy", -1.0,
-           formula="exact_match of the gated lm-eval filter"),
+           formula="exact_match of the gated lm-eval filter", abbrev="GSM8K"),
 )}
 """Every metric, by name. p99 latency margins default to +10 %: a tail quantile is far noisier."""
 

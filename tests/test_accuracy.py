@@ -314,6 +314,7 @@ def test_paired_counts_discordant_pairs():
 
 # ----------------------------------------------------------------------------------------------- slow: real vLLM
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_lm_eval_against_real_cpu_vllm(tmp_path):
     """lm-eval GSM8K (limit 2, 5-shot, the shared data) against a real cpu-tiny server with MTP: the run completes,
     every question has both filters, prompts fit, and the spec-decode counters move during the run. The same server

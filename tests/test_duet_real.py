@@ -10,7 +10,7 @@ import pytest
 
 from harness.rundir import schema
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def test_a_duet_binds_each_engine_to_its_core_swaps_them_and_overlaps_the_levels(slowed_duet_run):

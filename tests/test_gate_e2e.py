@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 DSA_BENCH = Path(sys.executable).parent / "dsa-bench"
 SCENARIOS = Path(__file__).parent / "fixtures" / "gate_scenarios"
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def _compare_with_gate(scenario: str, out: Path) -> tuple[int, dict]:

@@ -10,7 +10,7 @@ import pytest
 from real_runs import STEP_DELAY_MS
 from harness.rundir import schema
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def test_manifest_records_and_attests_the_candidates_injection(slowed_duet_run):

@@ -74,6 +74,7 @@ def isolated(monkeypatch):
         monkeypatch.delenv(key)
 
 
+@pytest.mark.heavy
 def test_real_cpu_compare_each_arm_on_its_node_swapped_per_block(cluster, isolated, tmp_path, monkeypatch):
     # Both arms' servers start at once, one per node (a swapped block starts a fresh pair): 2 start times, not 4.
     scenario = scenario_copy(tmp_path, ready_timeout_s="ready_timeout_s = 600",

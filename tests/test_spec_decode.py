@@ -206,6 +206,7 @@ def greedy_burst(server, prompts: int = 4, tokens: int = 48) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_repeat_checkpoint_accepts_every_draft_and_the_arms_agree(tmp_path):
     from harness.run import parity
 

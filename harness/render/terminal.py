@@ -4,20 +4,73 @@ from __future__ import annotations
 
 import io
 
+from harness.metrics import METRICS
 from harness.render.output import MAX_LIST, Output, VerdictView, fmt
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}
+
+
+SHORT = {"PASS": "PASS", "FAIL": "FAIL", "INCONCLUSIVE": "INCONCL", "INVALID": "INVALID"}
+"""The verdict column's words: INCONCLUSIVE is shortened (named in the legend) so the table fits 80 columns."""
 
 
 def _digits(value: float | None) -> int:
     return 2 if value is not None and abs(value) < 100 else 1
 
 
+def _delta(cell) -> str:
+    """``"-47.2 [-63.9, -22.8]"``: Δ and its interval, in the cell's unit (the legend names units)."""
+    if cell.delta is None:
+        return "—"
+    if cell.ci_low is None or cell.ci_high is None:
+        return f"{cell.delta:+.1f}"
+    return f"{cell.delta:+.1f} [{cell.ci_low:+.1f}, {cell.ci_high:+.1f}]"
+
+
+def _legend(cells) -> str:
+    """One line naming each abbreviation the table used, with its unit, then how to read Δ."""
+    seen: dict[str, str] = {}
+    for cell in cells:
+        metric = METRICS.get(cell.metric)
+        if metric is not None:
+            unit = f", {metric.unit}" if metric.unit else ""
+            seen.setdefault(metric.abbrev, f"{metric.abbrev} = {cell.label}{unit}")
+    levels = sorted({float(f"{100 * c.ci_level:.3g}") for c in cells if c.ci_level is not None})
+    tested = f" at {levels[0]:g}–{levels[-1]:g} %" if len(levels) > 1 else (f" at {levels[0]:g} %" if levels else "")
+    return ("; ".join(seen.values()) + f". Δ [interval{tested}] and margin: % of baseline (GSM8K: points); "
+            "INCONCL = INCONCLUSIVE; (n) = note n below.")
+
+
+def _table(document):
+    """The primary cells, one row each, in ≤ 80 columns: abbreviated metric names, Δ with its interval in one
+    column."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"dsa-bench gate · {document.run_id}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name, justify in (("metric", "left"), ("c", "right"), ("base", "right"), ("cand", "right"),
+                          ("Δ \\[interval]", "right"), ("margin", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    notes: dict[str, list[str]] = {}   # note → the cells it applies to, numbered in order of first use
+    for cell in document.cells:
+        metric = METRICS.get(cell.metric)
+        mark = ""
+        if cell.note:
+            notes.setdefault(cell.note, []).append(f"{metric.abbrev if metric else cell.metric} {cell.where}")
+            mark = f" ({list(notes).index(cell.note) + 1})"
+        table.add_row(metric.abbrev if metric else cell.metric,
+                      "" if cell.concurrency is None else str(cell.concurrency),
+                      fmt(cell.baseline, _digits(cell.baseline)), fmt(cell.candidate, _digits(cell.candidate)),
+                      _delta(cell), f"{cell.margin:+g}", f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}")
+    return table, [f"{', '.join(where)}: {note}" for note, where in notes.items()]
+
+
 def render(view: VerdictView) -> str:
-    """What :func:`print_view` prints, as plain text (200 columns)."""
+    """What :func:`print_view` prints, as plain text (80 columns, the narrowest terminal it is laid out for)."""
     from rich.console import Console
 
-    console = Console(record=True, width=200, file=io.StringIO())
+    console = Console(record=True, width=80, file=io.StringIO())
     print_view(view, console)
     return console.export_text()
 
@@ -26,29 +79,13 @@ def print_view(view: VerdictView, console=None) -> None:
     """Print the primary cells as a table, their notes, write errors and the verdict line (stdout by default)."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     console = console or Console()
     document = view.document
     if document.evaluated:
-        table = Table(title=f"dsa-bench gate · {escape(document.run_id)}", title_justify="left")
-        for name, justify in (("metric", "left"), ("c", "right"), ("baseline", "right"), ("candidate", "right"),
-                              ("Δ", "right"), ("interval", "right"), ("margin", "right"), ("verdict", "left")):
-            table.add_column(name, justify=justify)
-        notes = []
-        for cell in document.cells:
-            unit = cell.delta_unit
-            interval = "—" if cell.ci_low is None or cell.ci_high is None or cell.ci_level is None else (
-                f"[{cell.ci_low:+.2f}, {cell.ci_high:+.2f}] @{100 * cell.ci_level:.3g}%")
-            mark = ""
-            if cell.note:
-                notes.append(f"{cell.label} {cell.where}: {cell.note}")
-                mark = f" ({len(notes)})"
-            table.add_row(cell.label, "" if cell.concurrency is None else str(cell.concurrency),
-                          fmt(cell.baseline, _digits(cell.baseline)), fmt(cell.candidate, _digits(cell.candidate)),
-                          "—" if cell.delta is None else f"{cell.delta:+.2f} {unit}", escape(interval),
-                          f"{cell.margin:+g} {unit}", f"[{STYLE[str(cell.result)]}]{cell.result}[/]{mark}")
+        table, notes = _table(document)
         console.print(table)
+        console.print(escape(_legend(document.cells)), style="dim", highlight=False)
         for i, note in enumerate(notes[:MAX_LIST], 1):
             console.print(f"  ({i}) {escape(note)}", highlight=False)
         if len(notes) > MAX_LIST:
