@@ -65,5 +65,11 @@ def test_a_study_of_another_machine_is_not_shown(run_dir, tmp_path, monkeypatch,
     document["machine"]["cpu_count"] = 64
     study.write_text(json.dumps(document))
     monkeypatch.setattr(designs, "STUDY_DIR", study_dir)
-    section = _section(render_report(run_dir).read_text())
+    section = " ".join(_section(render_report(run_dir).read_text()).split())
     assert "No design study measured" in section and 'id="design-study"' not in section
+    # Issue #25: which design ran, where its error rates were measured (that machine named), how to measure this one.
+    manifest = RunDir(run_dir).manifest()
+    assert f"This run's design: {designs.design_ran(manifest)}." in section
+    assert designs.design_ran(manifest).startswith(("fixed (", "group-sequential ("))
+    assert f"measured on another machine: cpu, AMD EPYC, 64 CPUs (results/design-study/{study.name})" in section
+    assert designs.MEASURE_COMMAND in section

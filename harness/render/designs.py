@@ -13,24 +13,53 @@ from typing import Any, Mapping
 
 from harness.rundir.schema import Manifest
 
-__all__ = ["STUDY_DIR", "STUDY_KIND", "designs_section", "measured_study"]
+__all__ = ["MEASURE_COMMAND", "STUDY_DIR", "STUDY_KIND", "design_ran", "designs_section", "measured_study"]
 
 STUDY_DIR = Path(__file__).resolve().parents[2] / "results" / "design-study"
 STUDY_KIND = "dsa-bench.design-study"
 
 
-def measured_study(manifest: Manifest, study_dir: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
-    """(path, document) of the design study whose machine is this run's, or None (none measured, or unreadable)."""
+MEASURE_COMMAND = "python -m harness.study.design_study run --designs NAME,… --blocks 8"
+"""How a machine gets its own study (the design names are those of ``scenarios/design-study/cpu.toml``)."""
+
+
+def _studies(study_dir: Path | None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every readable design study of ``study_dir`` (default ``results/design-study/``), by file name."""
     folder = Path(study_dir or STUDY_DIR)
-    wanted = manifest.platform.identity()
+    found = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(document, dict) and document.get("kind") == STUDY_KIND and document.get("machine") == wanted:
-            return path, document
-    return None
+        if isinstance(document, dict) and document.get("kind") == STUDY_KIND:
+            found.append((path, document))
+    return found
+
+
+def measured_study(manifest: Manifest, study_dir: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """(path, document) of the design study whose machine is this run's, or None (none measured, or unreadable)."""
+    wanted = manifest.platform.identity()
+    return next(((path, doc) for path, doc in _studies(study_dir) if doc.get("machine") == wanted), None)
+
+
+def _machine_words(machine: Mapping[str, Any]) -> str:
+    return (f"{machine.get('name', 'unknown')}, {machine.get('device') or 'unknown device'}, "
+            f"{machine.get('cpu_count')} CPUs")
+
+
+def design_ran(manifest: Manifest) -> str:
+    """The run's design in words, from the manifest's scenario (``[gate]`` min/max_sessions, ``[workload]``
+    repeats and rounds_per_session): fixed or group-sequential; "not recorded" for imported runs."""
+    gate, workload = manifest.scenario.get("gate") or {}, manifest.scenario.get("workload") or {}
+    blocks, rounds = workload.get("repeats"), workload.get("rounds_per_session")
+    if blocks is None:
+        return "not recorded (no scenario in the manifest)"
+    per_block = f", {rounds} round(s) per session" if rounds else ""
+    if gate.get("max_sessions"):
+        return (f"group-sequential (a look after every block from {gate.get('min_sessions')} sessions per arm on, "
+                f"at most {gate['max_sessions']} blocks{per_block})")
+    return f"fixed ({blocks} session blocks judged once{per_block})"
 
 
 def _row(row: Mapping[str, Any], cheapest: str | None) -> dict[str, Any]:
@@ -45,7 +74,8 @@ def _row(row: Mapping[str, Any], cheapest: str | None) -> dict[str, Any]:
 def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = None) -> dict[str, Any]:
     """``{"machine": str, "study": None | {"source", "updated_at", "cheapest", "rows": [{design, description,
     cheapest, blocks, rounds, pooled {pairs, sd, low, high}, wall_per_block_s, cost_s, blocks_3pct, overall}]},
-    "this_run": None | verdict.json's noise}``."""
+    "this_run": None | verdict.json's noise, "ran": this run's design in words, "elsewhere": the other machines'
+    studies in words, "command": how to measure this machine}``."""
     platform = manifest.platform
     found = measured_study(manifest, study_dir)
     study = None
@@ -57,5 +87,8 @@ def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = N
         study = {"source": path.name, "updated_at": document.get("updated_at"), "cheapest": document.get("cheapest"),
                  "rows": rows}
     noise = verdict.get("noise") if isinstance(verdict, Mapping) else None
+    elsewhere = [f"{_machine_words(doc.get('machine') or {})} (results/design-study/{path.name})"
+                 for path, doc in _studies(study_dir) if found is None or path != found[0]]
     return {"machine": f"{platform.name}, {platform.device or 'unknown device'}, {platform.cpu_count} CPUs",
-            "study": study, "this_run": noise if isinstance(noise, Mapping) else None}
+            "study": study, "this_run": noise if isinstance(noise, Mapping) else None,
+            "ran": design_ran(manifest), "elsewhere": elsewhere, "command": MEASURE_COMMAND}
