@@ -115,3 +115,17 @@ def test_forest_plot_numbers_are_verdict_json_cells(runs, kind):
                 assert got == want or (want is None and got is None), key
     alt = re.search(r'<figure id="forest">\s*<img [^>]*alt="([^"]*)"', page).group(1)
     assert len(re.findall(r"c=\d|pooled|GSM8K", htmllib.unescape(alt))) >= len(expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_summary_md_is_a_pr_comment_of_at_most_60_lines_with_the_verdict_and_next_step(runs, kind):
+    summary = (runs[kind] / "summary.md").read_text(encoding="utf-8")
+    verdict = json.loads((runs[kind] / "verdict.json").read_text(encoding="utf-8"))
+    lines = summary.splitlines()
+    assert len(lines) <= 60, (kind, len(lines))
+    assert f"**{verdict['overall']}**" in lines[0]
+    assert any(line.startswith("> ") for line in lines[:8]), "the reason sits right under the verdict"
+    page = (runs[kind] / "report.html").read_text(encoding="utf-8")
+    shown = re.search(r'<p id="next-step">(.*?)</p>', page, re.S).group(1)
+    step = next(line for line in lines if line.startswith("Next: "))
+    assert htmllib.unescape(shown) == step, "summary.md and the report's first screen give the same next step"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from harness.render.answer import forest_rows, next_step
+from harness.render.designs import designs_section
 from harness.render.output import ICON, MAX_LIST, Output, VerdictView, fmt, status_text
 from harness.rundir.schema import SEVERITY, SUMMARY, Status, VerdictCell
 
@@ -28,7 +30,7 @@ def render(view: VerdictView) -> str:
             f" · model `{manifest.model_name() if manifest is not None else 'unknown'}`")
     if manifest is not None and manifest.platform.device:
         head += f" · {manifest.platform.name} ({manifest.platform.device})"
-    lines += [head, "", f"> {document.reason}", ""]
+    lines += [head, "", f"> {document.reason}", "", _next_step(view), ""]
     if manifest is not None and manifest.imported_from:
         lines += ["Imported, not attested: measured by other tooling (`dsa-bench import`); neither arm's execution "
                   "path was observed.", ""]
@@ -50,6 +52,14 @@ def render(view: VerdictView) -> str:
         lines.append("")
     lines += _details(view)
     return "\n".join(lines) + "\n"
+
+
+def _next_step(view: VerdictView) -> str:
+    """The report's next-step sentence (:func:`harness.render.answer.next_step`), so the PR comment and the first
+    screen say the same."""
+    verdict = view.document.model_dump(mode="json")
+    found = designs_section(view.manifest, verdict) if view.manifest is not None else None
+    return next_step(verdict, forest_rows(verdict), found, str(view.run_dir))
 
 
 def _level_table(view: VerdictView) -> list[str]:
