@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the tests need, then run them. Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"`.
-# The full suite (no arguments) includes the slow end-to-end tests that start real vLLM servers; CI runs it.
+# No arguments: the fast suite plus the slow end-to-end tests that fit CI's budget (pyproject's addopts leave out the
+# heavy tier; `-m heavy` runs it). CI runs this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
