@@ -16,9 +16,9 @@ The test a session count has to carry is the gate's one-sided non-inferiority t-
 ratio (``harness.judge.verdict``). With a per-pair spread ``s``, a true distance ``δ`` from the margin (log scale) and
 the test at ``level``, ``n`` pairs reach power ``1 − β`` when ``(t_{1−level, n−1} + t_{1−β, n−1}) · s / √n ≤ δ``
 (the Student approximation to the non-central t, Julious 2004, "Sample sizes for clinical trials with Normal data",
-Stat. Med. 23:1921, eq. 7). ``s`` is taken at its one-sided 95 % upper confidence bound ``s·sqrt(df / χ²_{0.05, df})``
-(Browne 1995, "On the use of a pilot sample for sample size determination", Stat. Med. 14:1933), so a count planned
-on a noisy spread estimate does not come out short.
+Stat. Med. 23:1921, eq. 7). ``s`` is taken at a one-sided upper confidence bound ``s·sqrt(df / χ²_{1−γ, df})`` with
+γ = :data:`ADVICE_CONFIDENCE` (80 %; Browne 1995, "On the use of a pilot sample for sample size determination",
+Stat. Med. 14:1933), so a count planned on a noisy spread estimate seldom comes out short.
 
 Pure: numbers in, numbers out (scipy for the t and χ² quantiles).
 """

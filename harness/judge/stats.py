@@ -21,9 +21,11 @@ variance of a mean of ``R`` values is ``(R − 1)/R`` of the unbiased one, and t
 degrees of freedom, which reduces to the paired t-test on per-repeat log ratios when each repeat holds one value
 (throughput). The plain 95 % percentile interval is still returned as a diagnostic.
 
-Two-stage resampling (repeats, then requests within each drawn repeat) follows Davison & Hinkley 1997, *Bootstrap
-Methods and their Application*, §3.8; it slightly over-states the variance by counting within-repeat noise twice,
-which errs towards INCONCLUSIVE, never towards a false PASS or FAIL.
+The gate resamples sessions only (``resample_requests=False``, :mod:`harness.judge.verdict`): each session's
+statistic is computed on all its requests, so request metrics are tested on per-session values, the unit of
+replication (issue #24). The optional two-stage resampling (repeats, then requests within each drawn repeat; Davison
+& Hinkley 1997, *Bootstrap Methods and their Application*, §3.8) over-states the variance by counting within-repeat
+noise twice; it is kept for diagnostics, not for decisions.
 """
 
 from __future__ import annotations

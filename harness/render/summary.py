@@ -144,10 +144,11 @@ def _details(view: VerdictView) -> list[str]:
     confidence = "—" if not levels_conf else (f"{levels_conf[0]:g} %" if len(levels_conf) == 1
                                               else f"{levels_conf[0]:g}–{levels_conf[-1]:g} %")
     lines = ["<details><summary>How to read this</summary>", "",
-             f"Δ = candidate / baseline − 1 (GSM8K: difference in points). Paired repeats per level: "
-             f"{', '.join(map(str, repeats)) or '—'}. Intervals: paired block bootstrap (repeats, then requests; "
-             "Efron & Tibshirani 1993) standard error with Student-t on repeats − 1 degrees of freedom; GSM8K: "
-             "Agresti–Min paired interval. Each primary interval is two-sided at the level Holm's step-down tested "
+             f"Δ = candidate / baseline − 1 (GSM8K: difference in points). Paired sessions per level: "
+             f"{', '.join(map(str, repeats)) or '—'}. Intervals: paired bootstrap over sessions (each session's "
+             "statistic over all its requests; Efron & Tibshirani 1993) standard error with Student-t on sessions − 1 "
+             "degrees of freedom; GSM8K: Tango's (1998) score test against the margin. Each primary interval is "
+             "two-sided at the level Holm's step-down tested "
              f"it at ({confidence}); other metrics 95 %, no verdict.",
              "PASS: the interval clears the margin; FAIL: it lies wholly beyond it; INCONCLUSIVE: neither; "
              "INVALID: a validity check failed or data is missing.", "",
