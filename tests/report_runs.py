@@ -1,7 +1,7 @@
 """The four run directories the report's browser test opens, built from committed recordings (no server started).
 
 - ``default``: 2 A/A session blocks (fewer than the policy's ``min_sessions``, as a short default run) drawn from the real session recording of the default tiny DSA model
-  (``tests/fixtures/recorded/real-sessions``, :func:`harness.judge.session_simulation.run_tables`), gated.
+  (``tests/fixtures/recorded/real-sessions``, :func:`harness.study.session_simulation.run_tables`), gated.
 - ``fail``: 4 blocks (``min_sessions``) with the candidate's throughput scaled by 0.5 (an injected regression), gated.
 - ``invalid``: the recording itself, gated: it was interrupted, so its unfinished levels make cells INVALID.
 - ``imported``: ``dsa-bench import`` of the real compare run's own ``vllm bench serve`` JSON
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.cli import main as cli
-from harness.judge import session_simulation as sim
+from harness.study import session_simulation as sim
 from harness.rundir import schema
 from harness.rundir.store import RunDir
 

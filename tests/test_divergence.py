@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.judge import divergence, divergence_simulation
+from harness.judge import divergence
+from harness.study import divergence_simulation
 from harness.judge import token_compare
 from harness.run import scoring
 from harness.rundir.schema import Status

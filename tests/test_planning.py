@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from harness.judge import planning
-from harness.judge import session_simulation as sim
+from harness.study import session_simulation as sim
 from harness.judge.policy import RECOMMENDED_REPEATS
 from harness.rundir.store import RunDir
 

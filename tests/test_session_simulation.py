@@ -1,4 +1,4 @@
-"""The session-level simulation (harness.judge.session_simulation) on a slice of the real session recording
+"""The session-level simulation (harness.study.session_simulation) on a slice of the real session recording
 (tests/fixtures/recorded/real-sessions): structure of drawn runs and their tables, and that an injected 50 % loss
 FAILs more often than A/A. The rates themselves are benchmark figures (README), never asserted here."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.judge import session_simulation as sim
+from harness.study import session_simulation as sim
 from harness.judge.policy import GatePolicy, Status
 from harness.rundir.store import RunDir
 

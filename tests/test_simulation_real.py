@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import simulation
+from harness.study import simulation
 from harness.judge.policy import GatePolicy, Status
 from harness.rundir.store import RunDir
 

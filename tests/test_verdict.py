@@ -26,7 +26,8 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from harness.judge import simulation, verdict
+from harness.judge import verdict
+from harness.study import simulation
 from harness.judge.policy import RECOMMENDED_REPEATS, GatePolicy, Status
 
 QUIET_SESSIONS = 8

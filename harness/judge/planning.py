@@ -42,7 +42,7 @@ RECORDED_PAIR_SD = 0.1634
 """sd of the per-block paired log ratio of output throughput (session means, levels pooled as the gate's pooled
 hypothesis does) on the A/A session recording :data:`RECORDED_SOURCE`: the noise one paired session block carries on
 the 2-core CPU machine, 36 sessions of 4 rounds at c = 1 and 4 under a host load average of 2.8–37 (median 9.7),
-recorded 2026-12-01 13:44–14:50 UTC (``python -m harness.judge.session_simulation --recording …`` prints it)."""
+recorded 2026-12-01 13:44–14:50 UTC (``python -m harness.study.session_simulation --recording …`` prints it)."""
 RECORDED_PAIR_DF = 17
 """Degrees of freedom of :data:`RECORDED_PAIR_SD` (blocks − 1)."""
 RECORDED_SOURCE = "tests/fixtures/recorded/real-sessions"

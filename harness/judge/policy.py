@@ -2,7 +2,7 @@
 ``[gate]`` policy (:class:`GatePolicy`).
 
 Pure: data and validation only; no files, processes or sockets. :mod:`harness.run.scenario` embeds :class:`GatePolicy`;
-:mod:`harness.judge.validity`, :mod:`harness.judge.verdict` and :mod:`harness.judge.simulation` read it.
+:mod:`harness.judge.validity`, :mod:`harness.judge.verdict` and :mod:`harness.study.simulation` read it.
 
 Margins' origin: the project's acceptance criteria (throughput −3 %, mean TPOT +3 %, GSM8K −1 point, MTP acceptance length
 −2 %). For scale: one arm's standard error on the full 1319-question GSM8K

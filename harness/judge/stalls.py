@@ -32,7 +32,7 @@ judge never re-runs a round (the run is over when it judges; a re-run is the run
   rounds × 0.65: PASS 69 %, issue #24); kept as an option and a diagnostic, not the default.
 
 The verdict lists every flagged round, why, and whether it was excluded. The error rates of each estimator are
-measured by :mod:`harness.judge.session_simulation` on recorded sessions.
+measured by :mod:`harness.study.session_simulation` on recorded sessions.
 
 Pure: frames in, records out.
 """

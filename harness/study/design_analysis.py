@@ -53,9 +53,9 @@ def _verdict(store: RunDir) -> tuple[str | None, str | None]:
 
 
 def _sessions(store: RunDir, manifest: Manifest, levels) -> list[dict[str, Any]]:
-    """Within- and between-session sd per level (:func:`harness.judge.session_simulation.noise`; ValueError below
+    """Within- and between-session sd per level (:func:`harness.study.session_simulation.noise`; ValueError below
     4 complete sessions)."""
-    from harness.judge.session_simulation import noise, session_pool
+    from harness.study.session_simulation import noise, session_pool
 
     pool = session_pool(manifest, levels, store.requests(numeric=True))
     return [{"concurrency": n.concurrency, "sessions": n.sessions, "within": n.within, "within_df": n.within_df,

@@ -2,9 +2,9 @@
 effects: ``python -m harness.study.regression --out results/statistics``.
 
 Every figure judges simulated runs with the gate's own :func:`harness.judge.verdict.evaluate`. A run draws whole
-recorded A/A sessions (:func:`harness.judge.session_simulation.draw_run`: ``2 n`` of them, random block order), so
+recorded A/A sessions (:func:`harness.study.session_simulation.draw_run`: ``2 n`` of them, random block order), so
 between-session variance, stalls and tails are the recording's, not a noise model; the recorded noise is scaled to a
-paired-block sd of ``--spread`` (:func:`harness.judge.sequential_simulation.shrink_noise`: the CPU recording at a GPU's
+paired-block sd of ``--spread`` (:func:`harness.study.sequential_simulation.shrink_noise`: the CPU recording at a GPU's
 spread; its shape kept). An effect is injected into the candidate's rows only:
 
 - ``uniform``/``local``: throughputs × f and times ÷ f at every level / at the levels named;
@@ -38,9 +38,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from harness.judge import session_simulation as sim
+from harness.study import session_simulation as sim
 from harness.judge.policy import GatePolicy, Status
-from harness.judge.sequential_simulation import shrink_noise
+from harness.study.sequential_simulation import shrink_noise
 from harness.judge.verdict import evaluate
 from harness.rundir.schema import Manifest
 

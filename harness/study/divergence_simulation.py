@@ -1,6 +1,6 @@
 """The correctness cells' A/A false-FAIL rate (and their verdicts on recorded A/B pairs) on recorded scorings.
 
-    python -m harness.judge.divergence_simulation [--recording tests/fixtures/recorded/scoring-aa] [--resamples 2000]
+    python -m harness.study.divergence_simulation [--recording tests/fixtures/recorded/scoring-aa] [--resamples 2000]
 
 The recording (``tests/fixtures/recorded/record_scoring.py``) holds real ``vllm serve`` sessions of the default:
 ``baseline-1..3``, ``candidate-1..2`` and ``candidate-rope``, each with its parity outputs and its scoring of the same

@@ -2,7 +2,7 @@
 split in two), with an optional injected effect, decided by :mod:`harness.judge.verdict` and counted (:func:`simulate_gate`).
 
 Rounds are resampled, not sessions, so a session effect is invisible here: the machine's figures and
-:data:`~harness.judge.policy.RECOMMENDED_REPEATS` come from :mod:`harness.judge.session_simulation` on recorded
+:data:`~harness.judge.policy.RECOMMENDED_REPEATS` come from :mod:`harness.study.session_simulation` on recorded
 sessions; this module serves the round-level proofs on ``tests/fixtures/recorded`` (``tests/test_verdict.py``).
 
 Pure: functions of the ``levels.csv``/``requests.csv`` frames (schema: :mod:`harness.rundir.store`); no files, processes or

@@ -1,17 +1,17 @@
 """The group-sequential design (:mod:`harness.judge.sequential`) on recorded server sessions: error rates including
 every look, and sessions used, against the fixed design of the same maximum.
 
-A simulated sequential run is :func:`harness.judge.session_simulation.draw_run` with ``max_sessions`` blocks, judged
+A simulated sequential run is :func:`harness.study.session_simulation.draw_run` with ``max_sessions`` blocks, judged
 by the gate's own :func:`harness.judge.verdict.evaluate` after each block from ``min_sessions`` on
-(:func:`~harness.judge.session_simulation.judge_first`) and stopped at the first PASS or FAIL. A false FAIL at *any*
+(:func:`~harness.study.session_simulation.judge_first`) and stopped at the first PASS or FAIL. A false FAIL at *any*
 look counts, so the A/A rate is the design's real family-wise error under repeated looks.
 
 :func:`shrink_noise` keeps the recording's noise *shape* (which rounds and sessions stalled, the tails) and scales its
 *size*: every level row's deviation of log throughput from the pool's mean at its level is multiplied by
-``target / pair`` (``pair``: the recorded paired-block sd, :func:`~harness.judge.session_simulation.noise`), its
+``target / pair`` (``pair``: the recorded paired-block sd, :func:`~harness.study.session_simulation.noise`), its
 times (latencies, request start offsets, duration) by the inverse factor — the CPU recording at a GPU's spread (e.g. 2 %).
 
-Pure apart from :func:`main` (``python -m harness.judge.sequential_simulation --recording DIR``), which prints.
+Pure apart from :func:`main` (``python -m harness.study.sequential_simulation --recording DIR``), which prints.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from harness.judge.policy import GatePolicy, Status
-from harness.judge.session_simulation import (LATENCY_LEVEL_COLUMNS, LATENCY_REQUEST_COLUMNS, THROUGHPUT_COLUMNS,
+from harness.study.session_simulation import (LATENCY_LEVEL_COLUMNS, LATENCY_REQUEST_COLUMNS, THROUGHPUT_COLUMNS,
                                               SessionPool, clopper_pearson, draw_run, judge_first, noise)
 
 __all__ = ["SequentialRates", "simulate_sequential", "shrink_noise"]
@@ -115,10 +115,10 @@ def _pct(rate: float, ci: tuple[float, float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print A/A false-FAIL (all looks), power and sessions used of the sequential design vs the fixed one."""
-    from harness.judge.session_simulation import session_pool
+    from harness.study.session_simulation import session_pool
     from harness.rundir.store import RunDir
 
-    parser = argparse.ArgumentParser(prog="python -m harness.judge.sequential_simulation", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.study.sequential_simulation", description=main.__doc__)
     parser.add_argument("--recording", required=True, help="run directory of an A/A session recording")
     parser.add_argument("--min-sessions", type=int, default=4)
     parser.add_argument("--max-sessions", type=int, default=8)

@@ -11,7 +11,7 @@ an optional effect injected into the candidate) and :func:`judge_first` judges t
 does: the fixed design is the one-look case (``m = n``) of a sequential design that looks after each block.
 
 Between-session variance stays in the error model because whole sessions are resampled, never rounds. Pure: functions
-of the recording's frames and manifest; ``main`` (``python -m harness.judge.session_simulation --recording DIR``) reads
+of the recording's frames and manifest; ``main`` (``python -m harness.study.session_simulation --recording DIR``) reads
 files and prints the figures.
 """
 
@@ -295,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the noise, A/A false-FAIL and power figures of a recording (benchmark script, minutes)."""
     from harness.rundir.store import RunDir
 
-    parser = argparse.ArgumentParser(prog="python -m harness.judge.session_simulation", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.study.session_simulation", description=main.__doc__)
     parser.add_argument("--recording", required=True, help="run directory of an A/A session recording")
     parser.add_argument("--sessions", default="4,6,8", help="sessions per arm to simulate (comma-separated)")
     parser.add_argument("--sims", type=int, default=400, help="simulated runs per figure")
