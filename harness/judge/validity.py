@@ -15,7 +15,7 @@ import numpy as np
 from harness.judge.policy import GatePolicy
 from harness.judge.stalls import excludes
 from harness.metrics import achieved_concurrency, succeeded
-from harness.rundir.schema import STOPPED, ArmRecord, Manifest
+from harness.rundir.schema import ArmRecord, LevelState, Manifest, level_state
 from harness.metrics import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
@@ -145,7 +145,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     for role, arm in report.arms.items():
         record = manifest.arm(arm)
         for key, entry in record.level_items() if record is not None else []:
-            if entry.status.startswith(STOPPED):   # no longer planned: the run stopped before it
+            if entry.state is LevelState.STOPPED:   # no longer planned: the run stopped before it
                 stopped.add(key.round)
                 continue
             statuses.setdefault((arm, key.concurrency), {})[key.round] = entry.status
@@ -191,7 +191,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
                 if status is None:
                     report.fail(arm, level, repeat, "missing", "not run (no manifest entry)")
                 elif status != "done":
-                    report.fail(arm, level, repeat, "status", f"{status}" if status.startswith("failed")
+                    report.fail(arm, level, repeat, "status", f"{status}" if level_state(status) is LevelState.FAILED
                                 else f"not run ({status})")
                 elif repeat not in rows:
                     report.fail(arm, level, repeat, "missing", "done in manifest.json but no levels.csv row")

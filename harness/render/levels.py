@@ -19,7 +19,7 @@ from harness.render.metrics_table import (
     summarize,
 )
 from harness.rundir import store as records
-from harness.rundir.schema import ArmRecord, Manifest
+from harness.rundir.schema import ArmRecord, LevelState, Manifest, level_state
 
 
 @dataclass(frozen=True)
@@ -88,13 +88,13 @@ def _status_text(entries: list[tuple[int, str]]) -> tuple[str, str, str]:
         return "not run", "missing", "not run"
     statuses = [status for _, status in entries]
     if len(set(statuses)) == 1:
-        text, short = statuses[0], statuses[0].split(":")[0]
+        text, short = statuses[0], statuses[0].partition(":")[0]
     else:
         text = "; ".join(f"r{repeat}: {status}" for repeat, status in entries)
         short = "mixed"
     if all(status == "done" for status in statuses):
         return text, "ok", short
-    if any(status.startswith("failed") for status in statuses):
+    if any(level_state(status) is LevelState.FAILED for status in statuses):
         return text, "failed", short
     return text, "missing", short
 

@@ -434,7 +434,7 @@ class Runner:
             if stop is not None:
                 self._stopped(stop)
             arm_checks.finish(self.run_dir, self.plan.scenario.accuracy, self.options.gsm8k, self.gsm8k_failures)
-            all_done = all(level["status"] == "done" or level["status"].startswith(schema.STOPPED)
+            all_done = all(schema.level_state(level["status"]) in (schema.LevelState.DONE, schema.LevelState.STOPPED)
                            for arm in self.manifest["arms"] for level in arm["levels"].values())
             status = "done" if all_done else "failed"
         except (KeyboardInterrupt, procs.Interrupted):

@@ -177,9 +177,35 @@ class SessionRecord(_Record):
     placement: Placement | None = None
 
 
-STOPPED = "stopped"
-"""Status prefix of a level a run no longer plans: a sequential look decided, or the budget ran out, before it
+class LevelState(str, Enum):
+    """The state word of a level status ``"<state>[: <reason>]"`` (:class:`LevelRecord`); read with
+    :func:`level_state`, never by matching a prefix."""
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    STOPPED = "stopped"
+
+
+STOPPED = LevelState.STOPPED.value
+"""Status word of a level a run no longer plans: a sequential look decided, or the budget ran out, before it
 (``"stopped: <reason>"``; the manifest's ``stopped`` says why). Not a failure: the gate judges the sessions that ran."""
+
+
+def level_state(status: str | None) -> LevelState | None:
+    """The :class:`LevelState` of a level status text (``"failed: server died"`` → ``FAILED``); None for None or a
+    text that starts with no known state (a run directory written by other tooling)."""
+    word = (status or "").split(":", 1)[0].strip()
+    try:
+        return LevelState(word)
+    except ValueError:
+        return None
+
+
+def level_reason(status: str | None) -> str:
+    """The reason part of a level status text (``"failed: server died"`` → ``"server died"``; "" when none)."""
+    return (status or "").partition(":")[2].strip()
 
 
 class AaCheckRecord(_Record):
@@ -200,7 +226,7 @@ class StopRecord(_Record):
 
 class LevelRecord(_Record):
     """Status of one level of one arm: ``status`` is "pending", "done", "failed: <reason>", "skipped: <reason>" or
-    "stopped: <reason>" (:data:`STOPPED`)."""
+    "stopped: <reason>" (:data:`STOPPED`); :attr:`state` and :attr:`reason` are its two parts."""
 
     status: str = "pending"
     session: int | None = None
@@ -209,6 +235,14 @@ class LevelRecord(_Record):
     finished_at: str | None = None
     raw: str | None = None                      # relative path of the raw bench JSON
     previous: str | None = None                 # the status before a --resume set it back to pending
+
+    @property
+    def state(self) -> LevelState | None:
+        return level_state(self.status)
+
+    @property
+    def reason(self) -> str:
+        return level_reason(self.status)
 
 
 class BuildRecord(_Record):
@@ -346,7 +380,8 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
-    "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "MANIFEST", "MTP_COLUMNS", "Manifest",
+    "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "LevelState", "level_reason",
+    "level_state", "MANIFEST", "MTP_COLUMNS", "Manifest",
     "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement", "Platform",
     "RAW_DIR", "READABLE_VERSIONS",
     "REPORT", "REQUESTS", "REQUEST_COLUMNS",
