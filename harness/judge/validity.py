@@ -27,14 +27,14 @@ class ValidityReport:
 
     Attributes:
         arms: ``{"baseline": name, "candidate": name}`` (arm names in the tables).
-        reasons: ``{(arm, level): [(repeat or None, detail)]}`` — any makes every cell of that level INVALID
+        reasons: ``{(arm, level): [(round or None, detail)]}`` — any makes every cell of that level INVALID
             (:meth:`level_reasons` words them).
         arm_reasons: ``{arm: [reason]}`` — reasons that invalidate every cell of the arm (attestation).
-        done: ``{(arm, level): {repeat}}`` — repeats whose data passed every check.
-        no_requests: ``{(arm, level): {repeat}}`` — done repeats without requests.csv rows (request metrics only).
+        done: ``{(arm, level): {round}}`` — rounds whose data passed every check.
+        no_requests: ``{(arm, level): {round}}`` — done rounds without requests.csv rows (request metrics only).
         levels: every level the run planned or holds.
         not_checked: checks that could not run on this data, with why.
-        failures: one record per failed check ``{arm, concurrency, repeat, check, detail}``.
+        failures: one record per failed check ``{arm, concurrency, round, check, detail}``.
         latency_reasons: ``{(arm, level): [detail]}`` — reasons that make only the level's latency cells (unit
             "ms") INVALID, e.g. coalesced streams; throughput stays valid.
         performance_reasons: reasons that make every throughput and latency cell INVALID (the arms ran different
@@ -61,23 +61,23 @@ class ValidityReport:
         return [f"{role}: {detail}" for role in ("baseline", "candidate")
                 for detail in self.latency_reasons.get((self.arms[role], level), [])]
 
-    def fail(self, arm: str, level: int, repeat: int | None, check: str, detail: str) -> None:
-        self.reasons.setdefault((arm, level), []).append((repeat, detail))
-        self.failures.append({"arm": arm, "concurrency": level, "round": repeat, "check": check, "detail": detail})
+    def fail(self, arm: str, level: int, round_no: int | None, check: str, detail: str) -> None:
+        self.reasons.setdefault((arm, level), []).append((round_no, detail))
+        self.failures.append({"arm": arm, "concurrency": level, "round": round_no, "check": check, "detail": detail})
 
     def level_reasons(self, level: int) -> list[str]:
         """The level's failures for both arms, one line per distinct problem: ``baseline r0, r3: <detail>``."""
         grouped: dict[str, dict[str, list[int | None]]] = {}
         for role in ("baseline", "candidate"):
-            for repeat, detail in self.reasons.get((self.arms[role], level), []):
-                grouped.setdefault(detail, {}).setdefault(role, []).append(repeat)
+            for round_no, detail in self.reasons.get((self.arms[role], level), []):
+                grouped.setdefault(detail, {}).setdefault(role, []).append(round_no)
         lines = []
         for detail, roles in grouped.items():
             who = []
-            for role, repeats in roles.items():
-                shown = [f"r{r}" for r in repeats if r is not None]
+            for role, rounds in roles.items():
+                shown = [f"r{r}" for r in rounds if r is not None]
                 if len(shown) > 4:
-                    shown = shown[:3] + [f"… ({len(shown)} repeats)"]
+                    shown = shown[:3] + [f"… ({len(shown)} rounds)"]
                 who.append(role + (" " + ", ".join(shown) if shown else ""))
             lines.append(f"{' and '.join(who)}: {detail}")
         return lines
@@ -121,8 +121,8 @@ def _expected_output_len(arm: ArmRecord | None) -> int | None:
 def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> ValidityReport:
     """Run every validity check on the run's data.
 
-    Per arm and level (any failure → the level's cells are INVALID): a planned repeat not ``done`` (failed, skipped,
-    missing — a partial run; rounds ``stopped`` by a sequential look or the budget are no longer planned); a done repeat without its levels.csv row; failed requests above
+    Per arm and level (any failure → the level's cells are INVALID): a planned round not ``done`` (failed, skipped,
+    missing — a partial run; rounds ``stopped`` by a sequential look or the budget are no longer planned); a done round without its levels.csv row; failed requests above
     ``max_failed_fraction``; fewer than ``min_requests_per_concurrency × c`` completed requests (ramp-up and drain
     dominate); achieved concurrency below ``min_concurrency_fraction × c`` by vLLM's ``max_concurrent_requests`` or by
     the per-request timeline; the client saturated (``client_cpu_util`` ≥ ``max_client_cpu_util``); under
@@ -136,9 +136,9 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     report = ValidityReport(arms=arm_names(manifest))
     concurrency = manifest.scenario_value("workload", "concurrency")
     planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
-    repeats = manifest.scenario_value("workload", "repeats")
+    blocks = manifest.scenario_value("workload", "repeats")   # session blocks
     per_session = finite_float(manifest.scenario_value("workload", "rounds_per_session")) or 1
-    planned_repeats = int(repeats) * int(per_session) if finite_float(repeats) else None   # rounds in all
+    planned_rounds = int(blocks) * int(per_session) if finite_float(blocks) else None   # rounds in all
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}
     stopped: set[int] = set()
@@ -181,23 +181,23 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
         for level in report.levels:
             recorded = statuses.get((arm, level), {})
             rows = {r for (a, c, r) in level_rows if a == arm and c == level}
-            planned = set(recorded) | rows | (set(range(planned_repeats)) - stopped if planned_repeats else set())
+            planned = set(recorded) | rows | (set(range(planned_rounds)) - stopped if planned_rounds else set())
             if not planned:
                 report.fail(arm, level, None, "missing", "level not run (no manifest entry, no levels.csv row)")
                 continue
             done = set()
-            for repeat in sorted(planned):
-                status = recorded.get(repeat, "done" if repeat in rows and not recorded else None)
+            for round_no in sorted(planned):
+                status = recorded.get(round_no, "done" if round_no in rows and not recorded else None)
                 if status is None:
-                    report.fail(arm, level, repeat, "missing", "not run (no manifest entry)")
+                    report.fail(arm, level, round_no, "missing", "not run (no manifest entry)")
                 elif status != "done":
-                    report.fail(arm, level, repeat, "status", f"{status}" if level_state(status) is LevelState.FAILED
+                    report.fail(arm, level, round_no, "status", f"{status}" if level_state(status) is LevelState.FAILED
                                 else f"not run ({status})")
-                elif repeat not in rows:
-                    report.fail(arm, level, repeat, "missing", "done in manifest.json but no levels.csv row")
-                elif _check_repeat(report, policy, arm, level, repeat, level_rows[(arm, level, repeat)],
-                                   request_groups.get((arm, level, repeat)), expected_len[arm], has_requested):
-                    done.add(repeat)
+                elif round_no not in rows:
+                    report.fail(arm, level, round_no, "missing", "done in manifest.json but no levels.csv row")
+                elif _check_round(report, policy, arm, level, round_no, level_rows[(arm, level, round_no)],
+                                   request_groups.get((arm, level, round_no)), expected_len[arm], has_requested):
+                    done.add(round_no)
             report.done[(arm, level)] = done
             report.no_requests[(arm, level)] = {r for r in done if (arm, level, r) not in request_groups}
             frames = [request_groups[(arm, level, r)] for r in sorted(done) if (arm, level, r) in request_groups]
@@ -306,44 +306,44 @@ def _check_coalesced(report: ValidityReport, policy: GatePolicy, arm: str, level
                             "are not per-token figures")
 
 
-def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: int, repeat: int, row,
+def _check_round(report: ValidityReport, policy: GatePolicy, arm: str, level: int, round_no: int, row,
                   frame, expected_len: int | None, has_requested: bool) -> bool:
-    """Checks on one done repeat; records failures and returns whether it passed them all."""
+    """Checks on one done round_no; records failures and returns whether it passed them all."""
     before = len(report.failures)
     completed, failed = finite_float(row.get("completed")) or 0.0, finite_float(row.get("failed")) or 0.0
     total = completed + failed
     if completed <= 0:
-        report.fail(arm, level, repeat, "failed_requests", "no completed requests")
+        report.fail(arm, level, round_no, "failed_requests", "no completed requests")
     elif failed / total > policy.max_failed_fraction:
-        report.fail(arm, level, repeat, "failed_requests",
+        report.fail(arm, level, round_no, "failed_requests",
                     f"{failed:.0f} of {total:.0f} requests failed (> {100 * policy.max_failed_fraction:g} %)")
     if 0 < completed < policy.min_requests_per_concurrency * level:
-        report.fail(arm, level, repeat, "too_few_requests",
+        report.fail(arm, level, round_no, "too_few_requests",
                     f"{completed:.0f} requests at concurrency {level}: fewer than "
                     f"{policy.min_requests_per_concurrency:g}×{level}, ramp-up and drain dominate")
     peak = finite_float(row.get("max_concurrent_requests"))
     if peak is not None and peak < policy.min_concurrency_fraction * level:
-        report.fail(arm, level, repeat, "concurrency", f"vLLM's max_concurrent_requests {peak:.0f} far below "
+        report.fail(arm, level, round_no, "concurrency", f"vLLM's max_concurrent_requests {peak:.0f} far below "
                                                        f"the level {level}")
     cpu = finite_float(row.get("client_cpu_util"))
     if cpu is not None and cpu >= policy.max_client_cpu_util:
-        report.fail(arm, level, repeat, "client_saturated",
+        report.fail(arm, level, round_no, "client_saturated",
                     f"benchmark client used {100 * cpu:.0f} % of a core (≥ {100 * policy.max_client_cpu_util:g} %): "
                     "the client, not the server, may be the bottleneck")
     steal = finite_float(row.get("host_steal_fraction"))
     if steal is not None and steal > policy.max_steal_fraction and not excludes(policy.estimator):
-        report.fail(arm, level, repeat, "host_steal",
+        report.fail(arm, level, round_no, "host_steal",
                     f"the host's CPU steal time was {100 * steal:.1f} % of its CPU time during the level (> "
                     f"{100 * policy.max_steal_fraction:g} %): other guests of the hypervisor, not the server, set the "
                     "pace")
     if frame is not None:
         if len(frame) != total:
-            report.fail(arm, level, repeat, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
+            report.fail(arm, level, round_no, "request_rows", f"requests.csv has {len(frame)} rows, levels.csv "
                                                             f"counts {total:.0f} requests")
         ok = succeeded(frame)
         achieved = achieved_concurrency(ok)
         if achieved is not None and achieved < policy.min_concurrency_fraction * level:
-            report.fail(arm, level, repeat, "concurrency",
+            report.fail(arm, level, round_no, "concurrency",
                         f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {level}")
         expected = ok["requested_output_len"] if has_requested else (
             None if expected_len is None else expected_len)
@@ -353,7 +353,7 @@ def _check_repeat(report: ValidityReport, policy: GatePolicy, arm: str, level: i
             checkable = np.isfinite(wanted)
             mismatched = int((got[checkable] != wanted[checkable]).sum())
             if checkable.any() and mismatched / checkable.sum() > policy.max_output_len_mismatch_fraction:
-                report.fail(arm, level, repeat, "output_len",
+                report.fail(arm, level, round_no, "output_len",
                             f"{mismatched} of {int(checkable.sum())} requests produced a different number of tokens "
                             "than requested under --ignore-eos (the server stopped early or counted differently)")
     return len(report.failures) == before

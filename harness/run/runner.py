@@ -92,8 +92,8 @@ class Runner:
         with self.lock:
             self.store.write_manifest(self.manifest)
 
-    def _level(self, arm: str, concurrency: int, repeat: int) -> dict[str, Any]:
-        return self.arms[arm]["levels"][str(LevelKey(concurrency, repeat))]
+    def _level(self, arm: str, concurrency: int, round_no: int) -> dict[str, Any]:
+        return self.arms[arm]["levels"][str(LevelKey(concurrency, round_no))]
 
     def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str,
                      startup: dict[str, float | None] | None = None, gpus: dict[str, Any] | None = None) -> None:
@@ -284,14 +284,14 @@ class Runner:
 
     # ----------------------------------------------------------------------------------------------- levels
     def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
-                   repeat: int,
+                   round_no: int,
                    progress: Progress, task) -> None:
         raw_dir = self.run_dir / schema.RAW_DIR
         raw_dir.mkdir(exist_ok=True)
-        argv = self.plan.bench_argv(arm, concurrency, repeat, server.base_url, raw_dir, server.served_model_name)
+        argv = self.plan.bench_argv(arm, concurrency, round_no, server.base_url, raw_dir, server.served_model_name)
         total = self.plan.num_prompts(concurrency) + self.plan.scenario.workload.warmups
         before = request_successes(server)
-        progress.update(task, description=f"{arm.name} c={concurrency} r={repeat}", total=total, completed=0)
+        progress.update(task, description=f"{arm.name} c={concurrency} r={round_no}", total=total, completed=0)
 
         def tick() -> None:
             progress.update(task, completed=max(0.0, request_successes(server) - before))
@@ -305,14 +305,14 @@ class Runner:
             raise LevelError(f"benchmark failed: {reply['error']}")
         if not server.alive():
             raise LevelError("server died during the level")
-        bench = read_bench_json(self.store.raw_path(arm.name, LevelKey(concurrency, repeat)))
-        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, repeat, self._session(arm.name))
+        bench = read_bench_json(self.store.raw_path(arm.name, LevelKey(concurrency, round_no)))
+        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, round_no, self._session(arm.name))
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
         columns, unreadable = server_metrics.level_columns(bench)
         level_row.update(columns)
         if unreadable:
-            self.console.print(f"[yellow]{arm.name} c={concurrency} r={repeat}: server /metrics columns left empty "
+            self.console.print(f"[yellow]{arm.name} c={concurrency} r={round_no}: server /metrics columns left empty "
                                f"({escape(unreadable)})[/]")
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
@@ -320,41 +320,41 @@ class Runner:
         self.store.append_requests(request_rows)
         self.store.append_levels([level_row])
         progress.update(task, completed=total)
-        self.console.print(f"{arm.name} c={concurrency} r={repeat}: {level_row['completed']} ok, "
+        self.console.print(f"{arm.name} c={concurrency} r={round_no}: {level_row['completed']} ok, "
                            f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
                            f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
 
     # ----------------------------------------------------------------------------------------------- the loop
-    def _ready(self, name: str, concurrency: int, repeat: int) -> VllmServer | RemoteServer | None:
+    def _ready(self, name: str, concurrency: int, round_no: int) -> VllmServer | RemoteServer | None:
         """The running server a pending level is measured on; None when the level is not run now (done on a resumed
         run, or its arm is dead: the level's status then says why)."""
-        entry = self._level(name, concurrency, repeat)
+        entry = self._level(name, concurrency, round_no)
         if entry["status"] == "done":
             return None
         if name in self.dead_arms:
             entry["status"] = f"skipped: {self.dead_arms[name]}"
             self._save()
             return None
-        server = self._server_for(self.arms_plan[name], self.plan.block_of(repeat))
+        server = self._server_for(self.arms_plan[name], self.plan.block_of(round_no))
         if server is None:
             entry["status"] = f"failed: {self.dead_arms[name]}"
             self._save()
         return server
 
     def _measure(self, client: LoadClient, name: str, server: VllmServer | RemoteServer, concurrency: int,
-                 repeat: int, progress: Progress, task) -> None:
+                 round_no: int, progress: Progress, task) -> None:
         """Run one level (:meth:`_run_level`) and record its outcome, start and end (UTC, ms) in the manifest. A
         level failure is recorded, not raised; its arm then stops unless ``continue_on_error`` (or its server died)."""
-        entry, level_started = self._level(name, concurrency, repeat), time.monotonic()
+        entry, level_started = self._level(name, concurrency, round_no), time.monotonic()
         with self.lock:
             entry.update(status="failed: interrupted during this level", started_at=now("milliseconds"))
             self._save()
         status, dead = "done", None
         try:
-            self._run_level(client, self.arms_plan[name], server, concurrency, repeat, progress, task)
+            self._run_level(client, self.arms_plan[name], server, concurrency, round_no, progress, task)
         except (LevelError, ValueError) as error:
             status = f"failed: {error}"
-            self.console.print(f"[red]{name} c={concurrency} r={repeat} failed: {escape(str(error))}[/]")
+            self.console.print(f"[red]{name} c={concurrency} r={round_no} failed: {escape(str(error))}[/]")
             dead = ("server died" if not server.alive() else None if self.options.continue_on_error
                     else "an earlier level failed (use --continue-on-error to go on)")
         with self.lock:
@@ -362,7 +362,7 @@ class Runner:
                 self.dead_arms[name] = dead
             entry.update(status=status, wall_s=round(time.monotonic() - level_started, 2),
                          finished_at=now("milliseconds"),
-                         raw=f"{schema.RAW_DIR}/{LevelKey(concurrency, repeat).raw_name(name)}")
+                         raw=f"{schema.RAW_DIR}/{LevelKey(concurrency, round_no).raw_name(name)}")
             if status == "done":
                 entry["session"] = self._session(name)
             self._save()
