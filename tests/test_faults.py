@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 
 from fakes.support import (DSA_BENCH, REPO, SCENARIO, FakeServer, clean_environ, fake_env, fake_pids, leftovers,
-                           scenario_copy, wait_for)
+                           scenario_copy, spawn_sigint_ignored, wait_for)
 from harness.run import procs, runner
 from harness.rundir import schema
 from harness.rundir import store as records
@@ -353,8 +353,7 @@ def test_case6_lm_eval_server_disappears_mid_eval(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- 7. SIGINT + resume
 def _spawn_cli(argv, env) -> subprocess.Popen:
-    return subprocess.Popen([str(DSA_BENCH), *map(str, argv)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return spawn_sigint_ignored([DSA_BENCH, *argv], env)
 
 
 def _finish(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str, str]:

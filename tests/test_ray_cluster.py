@@ -18,7 +18,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import threading
 from pathlib import Path
 
@@ -29,7 +28,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from fakes.support import (DSA_BENCH, REPO, clean_environ, fake_env, leftovers, scenario_copy,  # noqa: E402
-                           wait_for)
+                           spawn_sigint_ignored, wait_for)
 from harness.cli import main  # noqa: E402
 from harness.run import procs  # noqa: E402
 from harness.rundir import schema  # noqa: E402
@@ -159,9 +158,8 @@ def test_ctrl_c_leaves_nothing_on_any_node(cluster, tmp_path):
     env = fake_env(tmp_path, delay_s_candidate="0.3")
     base = {**clean_environ(), **env, "COLUMNS": "400", "PYTHONPATH": str(REPO)}
     requests_log = Path(env["FAKE_VLLM_REQLOG"])
-    proc = subprocess.Popen([str(DSA_BENCH), "compare", "--scenario", str(scenario_copy(tmp_path)), "--out",
-                             str(tmp_path / "results"), "--ray-address", cluster.address, *PLACE], cwd=REPO, env=base,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = spawn_sigint_ignored([DSA_BENCH, "compare", "--scenario", scenario_copy(tmp_path), "--out",
+                                tmp_path / "results", "--ray-address", cluster.address, *PLACE], base)
     try:
         assert wait_for(lambda: (requests_log.exists() and requests_log.read_text().count("candidate stream") >= 2)
                         or proc.poll() is not None, 240)

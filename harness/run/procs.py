@@ -91,11 +91,16 @@ class Interrupted(Exception):
 
 
 def cleanup_on_exit() -> None:
-    """Install handlers: SIGTERM → :class:`Interrupted`; atexit → :func:`stop_all`."""
+    """Install handlers: SIGTERM → :class:`Interrupted`; SIGINT → KeyboardInterrupt; atexit → :func:`stop_all`.
+
+    SIGINT is set explicitly because a process started from a non-interactive shell's background job (``cmd &``,
+    CI runners, nohup-style wrappers) inherits it ignored and Python then installs no handler: ``kill -INT`` would
+    be lost and the run would go on to its end."""
     def _on_term(signum, frame):  # noqa: ARG001
         raise Interrupted(f"received signal {signum}")
 
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit.register(stop_all)
 
 

@@ -120,6 +120,16 @@ def leftovers(env: dict[str, str]) -> list[str]:
         time.sleep(0.2)
 
 
+def spawn_sigint_ignored(argv: list, env: dict[str, str]) -> subprocess.Popen:
+    """Start ``argv`` (text pipes, a session of its own) with SIGINT ignored, as a CI runner's or a non-interactive
+    shell's background job starts it (POSIX: bash sets SIG_IGN for asynchronous commands without job control; Python
+    then installs no KeyboardInterrupt handler). A Ctrl-C test through this checks that dsa-bench installs its own
+    (:func:`harness.run.procs.cleanup_on_exit`)."""
+    return subprocess.Popen([str(arg) for arg in argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
