@@ -26,7 +26,7 @@ def initial(plan: Plan, run_dir: Path, *, remote: bool, aa_check: dict[str, Any]
     arms = []
     for arm in plan.arms:
         arms.append({
-            "name": arm.name, "route": arm.route, "description": arm.description, "decision": arm.decision,
+            "name": arm.name, "route": arm.route, "description": arm.description, "decision": arm.decision.to_dict(),
             "unavailable": list(arm.unavailable),
             "server_command": arm.server_argv("<port>"), "server_env": redact_env(arm.server_env),
             "bench_command": plan.bench_argv(arm, first_c, first_r, "http://127.0.0.1:<port>",
