@@ -144,12 +144,13 @@ class Runner:
         log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
         entry["sessions"][-1]["placement"] = entry["placement"] = self._placement(arm.name, server, slot, block, log_text)
         observed = attest.observe_from_log(log_text)
-        mismatches = attest.compare_paths(arm.intended, observed) + builds.mismatch(entry.get("build"), observed)
+        build = schema.BuildRecord.model_validate(entry["build"]) if entry.get("build") else None
+        mismatches = attest.compare_paths(arm.intended, observed) + builds.mismatch(build, observed)
         if not self.plan.scenario.cluster.allow_version_skew:
             mismatches += cluster_info.version_skew(arm.name, [session["placement"]["node"] for session in
                                                                entry["sessions"] if (session.get("placement") or {})
                                                                .get("node")], self.node_versions)
-        entry["observed"] = observed
+        entry["observed"] = observed.model_dump(mode="json")
         entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
         self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
@@ -174,7 +175,8 @@ class Runner:
         observed = attest.observe_remote(server)
         entry = self.arms[arm.name]
         self._new_session(entry, ready_s, url)
-        entry.update(observed=observed, server_command=None, attestation=attest.remote_record(arm.intended, observed))
+        entry.update(observed=observed.model_dump(mode="json"), server_command=None,
+                     attestation=attest.remote_record(arm.intended, observed).model_dump(mode="json"))
         self._save()
         return server
 

@@ -40,6 +40,7 @@ from pydantic import Field
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
+from harness.rundir.observation import Observation, RemoteObservation  # re-exported
 from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
 from harness.rundir.record import Record as _Record
 from harness.rundir.rows import (ACCURACY_COLUMNS, LEVEL_COLUMNS, MTP_COLUMNS, REQUEST_COLUMNS,  # re-exported
@@ -382,9 +383,10 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
     "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "LevelState", "level_reason",
     "level_state", "MANIFEST", "MTP_COLUMNS", "Manifest",
-    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement", "Platform",
+    "NodeRecord", "Observation", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement",
+    "Platform",
     "RAW_DIR", "READABLE_VERSIONS",
-    "REPORT", "REQUESTS", "REQUEST_COLUMNS",
+    "RemoteObservation", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
 ]
