@@ -1,6 +1,7 @@
 """What a server showed of the path it took: an arm's ``observed`` in ``manifest.json`` (written by
-:mod:`harness.run.runner` from :func:`harness.run.attest.observe_from_log` or :func:`~harness.run.attest.observe_remote`;
-re-exported by :mod:`harness.rundir.schema`). Field order is the key order written to ``manifest.json``."""
+:mod:`harness.run.runner` from :func:`harness.run.attest.observe_from_log` or
+:func:`~harness.run.attest.observe_remote`; re-exported by :mod:`harness.rundir.schema`). Field order is the key order
+written to ``manifest.json``."""
 
 from __future__ import annotations
 

@@ -323,7 +323,10 @@ class EstimateRecord(_Record):
 
 
 class Manifest(_Record):
-    """``manifest.json``. ``scenario`` is the resolved scenario as a dict (``harness.run.scenario`` validates it)."""
+    """``manifest.json`` as readers see it. ``scenario`` is the resolved scenario as a dict, each arm's ``decision`` and
+    ``observed`` dicts: a run directory of any version reads. The runner writes the typed subclass
+    (``harness.run.run_manifest.RunManifest``: a ``Scenario``, ``RouteDecision`` and :class:`Observation`), whose
+    JSON is the same."""
 
     schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str
@@ -356,9 +359,13 @@ class Manifest(_Record):
         """The first arm whose route is ``route`` ("baseline" | "candidate"), or None."""
         return next((arm for arm in self.arms if arm.route == route), None)
 
+    def scenario_data(self) -> dict[str, Any]:
+        """The resolved scenario as JSON data (what ``manifest.json`` holds; a writer's typed scenario, dumped)."""
+        return self.scenario
+
     def scenario_value(self, *path: str) -> Any:
         """``scenario[path[0]][path[1]]…``, None where a key is missing or a value is not a table."""
-        value: Any = self.scenario
+        value: Any = self.scenario_data()
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         return value
