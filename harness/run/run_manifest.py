@@ -167,7 +167,15 @@ class ManifestWriter:
             self.store.write_manifest(self.manifest)
 
     def arm(self, name: str) -> RunArm:
-        return next(arm for arm in self.manifest.arms if arm.name == name)
+        """The arm called ``name``.
+
+        Raises:
+            KeyError: no such arm (a bug in the caller).
+        """
+        for arm in self.manifest.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(f"no arm {name!r} in the manifest")
 
     def level(self, name: str, key: LevelKey) -> LevelRecord:
         return self.arm(name).levels[str(key)]
