@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
+from dsa_route.routing import RouteDecision
 from dsa_route.vllm_defaults import (
     DEFAULT_CAPABILITY,
     PATH_ENV,
@@ -148,22 +149,23 @@ KNOBS: Mapping[str, str] = {
 }
 
 
-def intended_path(intended: Mapping, decision: Mapping, platform: str) -> dict:
+def intended_path(intended: Mapping, decision: RouteDecision, platform: str) -> dict:
     """The fields :func:`path_mismatches` compares, from a plan arm.
 
     Args:
         intended: ``serve_path.expected_observation(...)`` (``ArmPlan.intended``): runner, modes, breakable.
-        decision: ``RouteDecision.to_dict()`` (``ArmPlan.decision``): implementation and MTP draft.
+        decision: the arm's :class:`~dsa_route.routing.RouteDecision` (``ArmPlan.decision``): implementation and MTP
+            draft.
         platform: the arm's platform (the implementation is resolved through the platform package there).
     """
     out = {name: intended[name] for name in ("model_runner", "compilation_mode", "cudagraph_mode",
                                              "breakable_cudagraph")}
-    impl, arch = decision["implementation"], decision["architectures"][0]
+    impl, arch = decision.implementation, decision.architectures[0]
     if arch in impl:
         out["implementation"] = resolve_target(impl[arch], platform)
-    if decision.get("mtp_architecture") and "DeepseekV32MTPModel" in impl:
+    if decision.mtp_architecture and "DeepseekV32MTPModel" in impl:
         out["mtp_implementation"] = resolve_target(impl["DeepseekV32MTPModel"], platform)
-        out["mtp_enforce_eager"] = bool(decision["mtp_enforce_eager"])
+        out["mtp_enforce_eager"] = bool(decision.mtp_enforce_eager)
     return out
 
 

@@ -242,14 +242,14 @@ def run(request: CompareRequest) -> CompareResult:
         console.print(f"to run the rest: dsa-bench compare --resume {run_dir}")
         return CompareResult(exit_code=INTERRUPTED, run_dir=run_dir, gate_code=conclude(run_dir, console))
     gate_code = conclude(run_dir, console)
-    timing = manifest["timing"]
+    timing = manifest.timing
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
                   f"({100 * (timing['harness_share'] or 0):.1f} %); report: {run_dir / 'report.html'}")
-    if manifest.get("estimate"):
-        low, high = manifest["estimate"]["wall_s"]
+    if manifest.estimate and manifest.estimate.wall_s:
+        low, high = manifest.estimate.wall_s
         console.print(f"the plan estimated {low:.0f}–{high:.0f} s (manifest estimate vs timing)")
-    done = 0 if manifest["status"] == "done" else 1
-    return CompareResult(exit_code=gate_code if request.gate else done, run_dir=run_dir, status=manifest["status"],
+    done = 0 if manifest.status == "done" else 1
+    return CompareResult(exit_code=gate_code if request.gate else done, run_dir=run_dir, status=manifest.status,
                          gate_code=gate_code)
 
 

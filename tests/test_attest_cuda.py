@@ -15,6 +15,7 @@ import pytest
 
 from harness.run import plan as plan_mod
 from harness.run.attest import attest, observe_from_log
+from harness.rundir.schema import Observation
 from harness.run.machine import Machine
 from harness.run.models import locate
 from harness.run.scenario import load_scenario
@@ -33,7 +34,7 @@ def intended(name: str, route: str) -> dict:
     return next(a for a in plan_mod.build_plan(scenario, machine, locate(scenario)).arms if a.route == route).intended
 
 
-def observed(short: str, label: str) -> dict:
+def observed(short: str, label: str) -> Observation:
     return observe_from_log((LOGS / f"cuda_{short}_{label}.log").read_text(encoding="utf-8"))
 
 
@@ -58,23 +59,23 @@ def test_swapped_cuda_logs_attest_invalid(name, short):
 
 def test_cuda_only_lines_are_parsed():
     cand, base = observed("glm", "candidate"), observed("glm", "baseline")
-    assert "gpu_worker.py" in cand["model_runner_evidence"] and "Using V2 Model Runner" in cand["model_runner_evidence"]
-    assert "gpu_model_runner.py" in base["model_runner_evidence"]  # MRV1's capture line
-    assert cand["breakable_wrapper"] is True and base["breakable_wrapper"] is False
-    assert cand["attention_backends"] == ["FLASHINFER_MLA_SPARSE"]  # SM100, fp8 KV: FlashInfer before FlashMLA
-    assert observed("dsv32", "candidate")["attention_backends"] == ["FLASH_ATTN_MLA_SPARSE"]  # SM90
-    sizes = cand["cudagraph_capture_sizes"]
-    assert sizes and sizes == sorted(sizes) and sizes[0] == 1
-    assert (cand["graph_capture_s"], cand["graph_capture_gib"]) == (14.0, 1.37)
-    assert base["compiled"] is True and cand["compiled"] is None
-    assert cand["kv_cache_dtype"] == "fp8_e4m3"  # vLLM's own choice for GLM on SM10x
-    assert cand["dsa_route_consistent"] is True and cand["dsa_route_lines"] == 6  # API server, engine, 4 workers
+    assert "gpu_worker.py" in cand.model_runner_evidence and "Using V2 Model Runner" in cand.model_runner_evidence
+    assert "gpu_model_runner.py" in base.model_runner_evidence  # MRV1's capture line
+    assert cand.breakable_wrapper is True and base.breakable_wrapper is False
+    assert cand.attention_backends == ("FLASHINFER_MLA_SPARSE",)  # SM100, fp8 KV: FlashInfer before FlashMLA
+    assert observed("dsv32", "candidate").attention_backends == ("FLASH_ATTN_MLA_SPARSE",)  # SM90
+    sizes = cand.cudagraph_capture_sizes
+    assert sizes and list(sizes) == sorted(sizes) and sizes[0] == 1
+    assert (cand.graph_capture_s, cand.graph_capture_gib) == (14.0, 1.37)
+    assert base.compiled is True and cand.compiled is None
+    assert cand.kv_cache_dtype == "fp8_e4m3"  # vLLM's own choice for GLM on SM10x
+    assert cand.dsa_route_consistent is True and cand.dsa_route_lines == 6  # API server, engine, 4 workers
 
 
 def test_vllm_deciding_by_itself_auto_enables_breakable_graphs():
     off = observed("glm", "off")
-    assert off["route"] == "off" and off["breakable_auto_enabled"] is True
-    assert (off["model_runner"], off["compilation_mode"], off["breakable_cudagraph"]) == ("v2", "NONE", True)
+    assert off.route == "off" and off.breakable_auto_enabled is True
+    assert (off.model_runner, off.compilation_mode, off.breakable_cudagraph) == ("v2", "NONE", True)
     result = attest(intended("glm-5.2-nvfp4-tp4", "candidate"), off)
     assert result["mismatches"] == ["route: intended 'candidate', observed 'off'"]
 

@@ -11,6 +11,7 @@ from harness.cli import main
 from harness.run import builds
 from harness.run.plan import ArmPlan
 from harness.run.builds import mismatch as _build_mismatch
+from harness.rundir.schema import BuildRecord, Observation
 from harness.rundir.store import RunDir
 from real_runs import second_venv
 
@@ -53,11 +54,11 @@ def test_a_missing_declared_build_is_refused_before_anything_starts(tmp_path, ca
 
 
 def test_the_declared_version_must_be_what_the_server_log_says():
-    build = {"version": "0.32.0+cpu", "python": "/v/bin/python"}
-    assert _build_mismatch(build, {"vllm_version": "0.32.0"}) == []
-    assert "is 0.33.1, the server log says 0.32.0" in _build_mismatch({**build, "version": "0.33.1"},
-                                                                      {"vllm_version": "0.32.0"})[0]
-    assert _build_mismatch(None, {"vllm_version": "0.32.0"}) == []
+    build, seen = BuildRecord(version="0.32.0+cpu", python="/v/bin/python"), Observation(vllm_version="0.32.0")
+    assert _build_mismatch(build, seen) == []
+    assert "is 0.33.1, the server log says 0.32.0" in _build_mismatch(build.model_copy(update={"version": "0.33.1"}),
+                                                                      seen)[0]
+    assert _build_mismatch(None, seen) == []
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0, resum
     FakeClient.instances = []
 
     def start(arm, block):
-        run._new_session(run.arms[arm.name], 1.0, StubServer.base_url)
+        run._new_session(arm.name, 1.0, StubServer.base_url)
         server = StubServer()
         run.started_servers.append((arm.name, block, server))
         return server
@@ -86,8 +86,8 @@ def _write_row(run, arm: str, concurrency: int, repeat: int, throughput: float =
                               "completed": 16, "failed": 0, "output_throughput": throughput}])
 
 
-def _level_records(manifest: dict) -> dict[tuple[str, str], dict]:
-    return {(arm["name"], key): level for arm in manifest["arms"] for key, level in arm["levels"].items()}
+def _level_records(manifest: schema.Manifest) -> dict[tuple[str, str], schema.LevelRecord]:
+    return {(arm.name, key): level for arm in manifest.arms for key, level in arm.levels.items()}
 
 
 # ----------------------------------------------------------------------------------------------- scenario checks
@@ -154,7 +154,7 @@ def test_restart_per_block_starts_a_fresh_pair_per_block_with_both_servers_up(tm
     plan = _plan(**{"serve.restart_per_block": True})
     run = _runner(tmp_path, monkeypatch, plan)
     manifest = run.run()
-    assert manifest["status"] == "done"
+    assert manifest.status == "done"
     order = schedule(plan)
     first = [next(name for name, _, r in order if plan.block_of(r) == block) for block in range(3)]
     assert [(name, block) for name, block, _ in run.started_servers] == [   # the block's first arm starts first
@@ -162,8 +162,8 @@ def test_restart_per_block_starts_a_fresh_pair_per_block_with_both_servers_up(tm
     assert all(server.stopped for _, _, server in run.started_servers)
     assert all(sorted(up) == ["baseline", "candidate"] for up in run.up_together)   # both up before any level
     for (name, key), level in _level_records(manifest).items():
-        assert level["status"] == "done" and level["session"] == plan.block_of(schema.LevelKey.parse(key).round)
-    assert [len(arm["sessions"]) for arm in manifest["arms"]] == [3, 3]
+        assert level.status == "done" and level.session == plan.block_of(schema.LevelKey.parse(key).round)
+    assert [len(arm.sessions) for arm in manifest.arms] == [3, 3]
     assert len(FakeClient.instances) == 1   # not a duet: one client takes turns
 
 
@@ -180,19 +180,19 @@ def test_a_duet_sends_each_level_to_both_arms_at_once(tmp_path, monkeypatch):
 
     run = _runner(tmp_path, monkeypatch, plan, level)
     manifest = run.run()
-    assert manifest["status"] == "done", _level_records(manifest)
+    assert manifest.status == "done", _level_records(manifest)
     records = _level_records(manifest)
-    for key in manifest["arms"][0]["levels"]:
+    for key in manifest.arms[0].levels:
         base, cand = records[("baseline", key)], records[("candidate", key)]
-        assert base["started_at"] < cand["finished_at"] and cand["started_at"] < base["finished_at"]
-        assert base["session"] == cand["session"] == plan.block_of(schema.LevelKey.parse(key).round)
+        assert base.started_at < cand.finished_at and cand.started_at < base.finished_at
+        assert base.session == cand.session == plan.block_of(schema.LevelKey.parse(key).round)
     assert len(clients["baseline"]) == len(clients["candidate"]) == 1 and clients["baseline"] != clients["candidate"]
     assert sorted(client.log_path.name for client in FakeClient.instances) == [
         "bench-client-baseline.log", "bench-client-candidate.log"]
     assert all(client.started and client.closed for client in FakeClient.instances)
     assert len(run.store.levels()) == 2 * 2 * plan.rounds()   # no row lost to the two writers
-    assert [row["cpu_cores"] for row in manifest["cluster"]["assignments"]] == [[0], [1], [1], [0], [0], [1]]
-    assert any(note.startswith("duet:") for note in manifest["notes"])
+    assert [row.cpu_cores for row in manifest.cluster.assignments] == [(0,), (1,), (1,), (0,), (0,), (1,)]
+    assert any(note.startswith("duet:") for note in manifest.notes)
 
 
 def test_a_failing_arm_does_not_hold_up_the_other(tmp_path, monkeypatch):
@@ -204,13 +204,13 @@ def test_a_failing_arm_does_not_hold_up_the_other(tmp_path, monkeypatch):
         _write_row(run, arm.name, concurrency, repeat)
 
     manifest = _runner(tmp_path, monkeypatch, plan, level).run()
-    statuses = {key: level["status"] for key, level in _level_records(manifest).items()}
+    statuses = {key: level.status for key, level in _level_records(manifest).items()}
     assert all(status == "done" for (arm, _), status in statuses.items() if arm == "baseline")
     candidate = [status for (arm, _), status in statuses.items() if arm == "candidate"]
     assert candidate.count("failed: benchmark failed: connection refused") == 1
     assert all(status.startswith("skipped: an earlier level failed") for status in candidate
                if not status.startswith("failed"))
-    assert manifest["status"] == "failed"
+    assert manifest.status == "failed"
 
 
 @pytest.mark.parametrize("error", [RuntimeError("a bug in one arm's thread"), KeyboardInterrupt()])
@@ -229,10 +229,10 @@ def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path,
     try:
         with pytest.raises(type(error)):
             run.run()
-        assert run.manifest["status"] == ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
-        name, concurrency, round_ = run.manifest["schedule"][0]
-        first = run.arms[name]["levels"][str(schema.LevelKey(concurrency, round_))]
-        assert name == "baseline" and first["status"] == "failed: interrupted during this level"   # not waited for
+        assert run.manifest.status == ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
+        name, concurrency, round_ = run.manifest.schedule[0]
+        first = run.manifest.arm(name).levels[str(schema.LevelKey(concurrency, round_))]
+        assert name == "baseline" and first.status == "failed: interrupted during this level"   # not waited for
         assert all(server.stopped for _, _, server in run.started_servers)
         assert len(FakeClient.instances) == 2 and all(client.closed for client in FakeClient.instances)
     finally:
@@ -242,9 +242,9 @@ def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path,
 def test_a_duet_with_max_sessions_stops_at_the_first_deciding_look(tmp_path, monkeypatch):
     plan = _plan(**DUET, **{"gate.max_sessions": 8, "workload.repeats": 8, "workload.rounds_per_session": 1})
     manifest = _runner(tmp_path, monkeypatch, plan, loss=0.3).run()
-    statuses = [level["status"] for level in _level_records(manifest).values()]
+    statuses = [level.status for level in _level_records(manifest).values()]
     assert statuses.count("done") == 2 * 2 * 3   # 2 arms × 2 levels × 3 sessions (the first look)
-    assert "FAIL" in manifest["stopped"]["reason"] and manifest["status"] == "done"
+    assert "FAIL" in manifest.stopped.reason and manifest.status == "done"
     from harness import gate
 
     assert gate.run_gate(tmp_path / "run", write=False).status == Status.FAIL
@@ -263,7 +263,7 @@ def test_a_resumed_restart_per_block_run_starts_servers_only_for_its_unfinished_
         _runner(tmp_path, monkeypatch, plan, level).run()
     stored = schema.Manifest.model_validate_json((tmp_path / "run" / schema.MANIFEST).read_text())
     resumed = _runner(tmp_path, monkeypatch, plan, resume=stored)
-    assert resumed.run()["status"] == "done"
+    assert resumed.run().status == "done"
     assert sorted((name, block) for name, block, _ in resumed.started_servers) == [("baseline", 2), ("candidate", 2)]
 
 
@@ -275,12 +275,13 @@ def test_a_resumed_duet_measures_a_half_done_step_again_with_both_arms(tmp_path,
     plan = _plan(**DUET)
     run = _runner(tmp_path, monkeypatch, plan)
     manifest = run.run()
-    key = next(iter(manifest["arms"][0]["levels"]))
-    for arm in manifest["arms"]:
-        if arm["name"] == "candidate":
-            arm["levels"][key]["status"] = "failed: interrupted during this level"
-    stored = schema.Manifest.model_validate(manifest)
-    resumed = run_manifest.resumed(stored, RunDir(tmp_path / "run"))
-    assert [arm["levels"][key]["status"] for arm in resumed["arms"]] == ["pending", "pending"]
-    others = [k for k in resumed["arms"][0]["levels"] if k != key]
-    assert all(arm["levels"][k]["status"] == "done" for arm in resumed["arms"] for k in others)
+    key = next(iter(manifest.arms[0].levels))
+    stored = RunDir(tmp_path / "run").manifest()
+    candidate = stored.arm("candidate")
+    interrupted = run_manifest.changed(candidate.levels[key], status="failed: interrupted during this level")
+    stored = run_manifest.changed(stored, arms=(stored.arm("baseline"), run_manifest.changed(
+        candidate, levels={**candidate.levels, key: interrupted})))
+    resumed = run_manifest.resumed(stored, plan, RunDir(tmp_path / "run"))
+    assert [arm.levels[key].status for arm in resumed.arms] == ["pending", "pending"]
+    others = [k for k in resumed.arms[0].levels if k != key]
+    assert all(arm.levels[k].status == "done" for arm in resumed.arms for k in others)

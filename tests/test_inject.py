@@ -15,6 +15,7 @@ from dsa_route.dsa.topk import topk_indices
 from dsa_route.inject import ENV_INJECT, Injection, injection_from_env, parse_injection
 from harness.run import procs
 from harness.run.attest import attest, compare_paths, observe_from_log
+from harness.rundir.schema import Observation
 from harness.run.scenario import ScenarioError, load_scenario
 
 ALLOWED = "topk-random, indexer-rope-flip, step-delay:<ms>"
@@ -128,7 +129,7 @@ def test_vllm_cpu_hook_applies_each_kind_to_the_model(capsys):
     assert all(not hasattr(a, "select_topk") and not getattr(a, "step_delay_s", 0.0) for a in attns)
 
     apply_injection(model, parse_injection("topk-random"), "decoder")
-    assert observe_from_log(capsys.readouterr().err)["injection_applied"] == "topk-random"
+    assert observe_from_log(capsys.readouterr().err).injection_applied == "topk-random"
     selectors = [a.select_topk for a in attns if a.indexer is not None]
     assert selectors
     logits = _causal_logits(16, 40)
@@ -174,9 +175,9 @@ def test_plugin_line_states_the_injection_and_attestation_reads_it(tmp_path):
     line, level = apply({ENV_INJECT: "step-delay:50"}, argv, _probe)
     assert level == logging.INFO and "inject=step-delay:50" in line.split()
     observed = observe_from_log(line)
-    assert observed["injection"] == "step-delay:50" and observed["injection_refused"] is None
+    assert observed.injection == "step-delay:50" and observed.injection_refused is None
     line, _ = apply({}, argv, _probe)
-    assert "inject" not in line and observe_from_log(line)["injection"] is None
+    assert "inject" not in line and observe_from_log(line).injection is None
 
 
 def test_plugin_refuses_an_injection_nothing_would_apply(tmp_path):
@@ -186,7 +187,7 @@ def test_plugin_refuses_an_injection_nothing_would_apply(tmp_path):
     line, level = apply({ENV_INJECT: "topk-random"}, argv, _probe)
     assert level == logging.WARNING and "inject_refused=topk-random" in line.split() and " inject=" not in line
     observed = observe_from_log(line)
-    assert observed["injection"] is None and observed["injection_refused"] == "topk-random"
+    assert observed.injection is None and observed.injection_refused == "topk-random"
     assert "refused" in attest({"injection": "topk-random"}, observed)["mismatches"][0]
 
 
@@ -199,7 +200,7 @@ def test_plugin_refuses_an_injection_nothing_would_apply(tmp_path):
 ])
 def test_attestation_requires_the_declared_injection(declared, seen, valid):
     intended = {"route": "candidate", "injection": declared}
-    observed = {"route": "candidate", "injection": seen, "injection_applied": seen}
+    observed = Observation(route="candidate", injection=seen, injection_applied=seen)
     result = attest(intended, observed)
     assert result["valid"] is valid
     assert bool(compare_paths(intended, observed)) is not valid
@@ -215,15 +216,15 @@ def test_attestation_requires_the_model_class_to_have_applied_it(tmp_path):
     applied = "(EngineCore pid=7) dsa_route.vllm_cpu: applied inject=topk-random model=DsaCpuForCausalLM layers=[0, 1]"
     intended = {"route": "auto", "injection": "topk-random"}
     only_plugin = observe_from_log(plugin_line)
-    assert only_plugin["injection_applied"] is None
+    assert only_plugin.injection_applied is None
     assert "no model class applied it" in attest(intended, only_plugin)["mismatches"][0]
     both = observe_from_log(plugin_line + "\n" + applied)
-    assert both["injection_applied"] == "topk-random" and both["dsa_route_lines"] == 1
+    assert both.injection_applied == "topk-random" and both.dsa_route_lines == 1
     assert attest(intended, both)["valid"] is True
 
 
 def test_plans_without_the_field_are_not_judged_on_it():
-    assert compare_paths({"route": "baseline"}, {"route": "baseline", "injection": None}) == []
+    assert compare_paths({"route": "baseline"}, Observation(route="baseline")) == []
 
 
 # ---- scenario, plan, CLI ---------------------------------------------------------------------------------------------

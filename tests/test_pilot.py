@@ -82,11 +82,11 @@ def _runner(run_dir, monkeypatch, plan, options=None, resume=None):
     pilot_on_disk = []
 
     def start(arm, block):
-        run._new_session(run.arms[arm.name], 1.0, StubServer.base_url)
+        run._new_session(arm.name, 1.0, StubServer.base_url)
         return StubServer()
 
     def connect(arm, url):
-        run._new_session(run.arms[arm.name], 0.0, url)
+        run._new_session(arm.name, 0.0, url)
         return StubServer()
 
     measure = run._run_level
@@ -179,7 +179,7 @@ def test_one_pilot_on_the_first_arm_sizes_every_level_of_both_arms(tmp_path, mon
     counts = {(_flag(a, "--result-filename").split("-")[0], int(_flag(a, "--max-concurrency")),
                int(_flag(a, "--num-prompts"))) for a in measured}
     assert counts == {(arm, c, n) for arm in ("baseline", "candidate") for c, n in ((1, 20), (4, 80))}
-    assert len(measured) == 2 * 2 * plan.rounds() and all(pilot_on_disk) and manifest["status"] == "done"
+    assert len(measured) == 2 * 2 * plan.rounds() and all(pilot_on_disk) and manifest.status == "done"
 
     stored = RunDir(tmp_path / "run")
     record = stored.manifest().pilot
@@ -207,7 +207,7 @@ def test_resume_reuses_the_recorded_counts_without_a_new_pilot(tmp_path, monkeyp
     FakeClient.calls, FakeClient.request_s = [], 2.0   # a new pilot would now choose other counts
     resumed, _ = _runner(tmp_path / "run", monkeypatch, plan, resume=schema.Manifest.model_validate(stored))
     manifest = resumed.run()
-    assert _pilot_calls() == [] and len(FakeClient.calls) == 2 and manifest["status"] == "done"
+    assert _pilot_calls() == [] and len(FakeClient.calls) == 2 and manifest.status == "done"
     assert {int(_flag(argv, "--num-prompts")) for argv in FakeClient.calls} <= {20, 80}
     assert len(RunDir(tmp_path / "run").levels()) == 2 * 2 * plan.rounds()
 
@@ -215,7 +215,7 @@ def test_resume_reuses_the_recorded_counts_without_a_new_pilot(tmp_path, monkeyp
 def test_without_a_floor_no_pilot_runs_and_the_report_shows_the_scenarios_counts(tmp_path, monkeypatch, fake_client):
     run, _ = _runner(tmp_path / "run", monkeypatch, _plan(**{"workload.min_level_s": 0.0}))
     manifest = run.run()
-    assert _pilot_calls() == [] and manifest.get("pilot") is None
+    assert _pilot_calls() == [] and manifest.pilot is None
     assert {int(_flag(argv, "--num-prompts")) for argv in FakeClient.calls} == {16, 48}
     render_report(tmp_path / "run")
     assert "c=1: 16, c=4: 48 (the scenario&#39;s counts)" in (tmp_path / "run" / "report.html").read_text()
@@ -228,9 +228,9 @@ def test_a_capped_floor_is_noted_in_the_manifest(tmp_path, monkeypatch, fake_cli
     run, _ = _runner(tmp_path / "run", monkeypatch, _plan(**{"workload.min_level_s": 150.0,
                                                             "workload.repeats": 1, "workload.rounds_per_session": 1}))
     manifest = run.run()
-    record = schema.PilotRecord.model_validate(manifest["pilot"])
+    record = manifest.pilot
     assert record.counts() == {1: 21, 4: 84} and all(level.capped for level in record.levels)
-    assert pilot.CAPPED_NOTE in manifest["notes"] and "capped by workload.level_timeout_s" in record.describe()
+    assert pilot.CAPPED_NOTE in manifest.notes and "capped by workload.level_timeout_s" in record.describe()
 
 
 # ------------------------------------------------------------------------------------------------- real client

@@ -58,7 +58,7 @@ def test_auto_arm_asks_the_installed_vllm_and_pinned_arms_do_not(tmp_path, monke
     built = plan_mod.build_plan(scenario, detect(), locate(scenario), ask)
     assert asked == [("DeepseekV3ForCausalLM", detect().name, {"VLLM_CPU_KVCACHE_SPACE": "1"}, "deepseek_v3")]
     auto = built.arms[1]
-    assert any("the installed vLLM 9.9 chooses v1" in reason for reason in auto.decision["reasons"])
+    assert any("the installed vLLM 9.9 chooses v1" in reason for reason in auto.decision.reasons)
     assert auto.refusals == () and built.arms[0].refusals == ()
 
 
@@ -71,10 +71,10 @@ def test_auto_arm_with_the_real_installed_vllm(tmp_path, monkeypatch):
     choice = auto_choice(scenario.model.architecture, detect(), dict(scenario.serve.env), "deepseek_v3")
     built = plan_mod.build_plan(scenario, detect(), locate(scenario), auto_choice)
     if choice is None:   # vLLM absent or another release: the snapshot decides
-        assert not any("the installed vLLM" in r for r in built.arms[1].decision["reasons"])
+        assert not any("the installed vLLM" in r for r in built.arms[1].decision.reasons)
     else:
-        assert built.arms[1].decision["model_runner"] == choice["model_runner"]
-        assert any("the installed vLLM" in r for r in built.arms[1].decision["reasons"])
+        assert built.arms[1].decision.model_runner == choice["model_runner"]
+        assert any("the installed vLLM" in r for r in built.arms[1].decision.reasons)
 
 
 def test_a_core_this_machine_does_not_offer_is_refused_before_anything_starts(tmp_path, capsys):

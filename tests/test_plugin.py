@@ -229,14 +229,14 @@ def test_real_cpu_server_logs_the_route_and_attests(route, e2e_run):
     lines = [line for line in text.splitlines() if "dsa_route:" in line]
     observed = observe_from_log(text)
     # One line per server process (API server, engine core, worker), never two from the same process.
-    processes = observed["dsa_route_processes"]
+    processes = observed.dsa_route_processes
     assert len(lines) >= 2 and len(processes) == len(set(processes)) == len(lines), lines
-    assert observed["dsa_route_consistent"] is True
-    assert observed["route"] == route and observed["dsa_route"]["arch"] == V32
+    assert observed.dsa_route_consistent is True
+    assert observed.route == route and observed.dsa_route["arch"] == V32
     intended = expected_observation(decide([V32], "cpu", route=route), "cpu", has_triton=False)
     assert compare_paths(intended, observed) == []
-    assert observed["model_runner"] is not None and observed["compilation_mode"] is not None
-    assert observed["compiled"] is (True if route == "baseline" else None)
+    assert observed.model_runner is not None and observed.compilation_mode is not None
+    assert observed.compiled is (True if route == "baseline" else None)
 
 
 def test_auto_on_cuda_without_triton_decides_model_runner_v1(tmp_path):

@@ -120,7 +120,7 @@ def test_runner_starts_one_session_per_arm_and_block_and_rows_of_a_round_get_its
     started = []
 
     def start(arm, block):
-        run._new_session(run.arms[arm.name], 1.0, "http://127.0.0.1:1")
+        run._new_session(arm.name, 1.0, "http://127.0.0.1:1")
         started.append(arm.name)
         return StubServer()
 

@@ -40,7 +40,7 @@ def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None 
     clock = [0.0]
 
     def start(arm, block):
-        run._new_session(run.arms[arm.name], 1.0, StubServer.base_url)
+        run._new_session(arm.name, 1.0, StubServer.base_url)
         return StubServer()
 
     def level(client, arm, server, concurrency, repeat, progress, task):
@@ -57,8 +57,8 @@ def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None 
     return run
 
 
-def _statuses(manifest: dict) -> list[str]:
-    return [level["status"] for arm in manifest["arms"] for level in arm["levels"].values()]
+def _statuses(manifest: schema.Manifest) -> list[str]:
+    return [level.status for arm in manifest.arms for level in arm.levels.values()]
 
 
 @pytest.mark.parametrize("primary", [["output_throughput"], ["output_throughput", "gsm8k_accuracy"]])
@@ -69,7 +69,7 @@ def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch, p
     statuses = _statuses(manifest)
     assert statuses.count("done") == 2 * 2 * 3          # 2 arms × 2 levels × 3 sessions (the first look)
     assert all(s == "done" or s.startswith(schema.STOPPED) for s in statuses)
-    assert manifest["status"] == "done" and "FAIL" in manifest["stopped"]["reason"]
+    assert manifest.status == "done" and "FAIL" in manifest.stopped.reason
     result = gate.run_gate(tmp_path / "run")
     assert result.status == Status.FAIL
     assert any("look at 3 session" in note for note in result.verdict.notes)
@@ -82,8 +82,7 @@ def test_a_large_loss_stops_at_the_first_look_with_fail(tmp_path, monkeypatch, p
 def test_an_aa_run_is_never_stopped_by_fail_and_uses_the_whole_design(tmp_path, monkeypatch):
     plan = _plan(**{"gate.max_sessions": 5, "workload.repeats": 5})
     manifest = _runner(tmp_path, monkeypatch, plan, loss=0.0).run()
-    stopped = manifest.get("stopped")
-    assert stopped is None or "PASS" in stopped["reason"]
+    assert manifest.stopped is None or "PASS" in manifest.stopped.reason
     assert gate.run_gate(tmp_path / "run", write=False).status in (Status.PASS, Status.INCONCLUSIVE)
 
 
@@ -91,9 +90,9 @@ def test_the_budget_stops_before_a_block_that_would_not_fit(tmp_path, monkeypatc
     plan = _plan(**{"workload.repeats": 6})              # fixed design: only the budget stops it
     manifest = _runner(tmp_path, monkeypatch, plan, loss=0.0, budget_s=50.0, level_s=2.0).run()
     # a block is 2 arms × 2 levels × 2 s = 8 s; after 5 blocks (40 s) a 6th ends at 48 s: it fits, and is the last.
-    assert manifest.get("stopped") is None
+    assert manifest.stopped is None
     manifest = _runner(tmp_path / "b", monkeypatch, plan, loss=0.0, budget_s=30.0, level_s=2.0).run()
-    assert "budget" in manifest["stopped"]["reason"]
+    assert "budget" in manifest.stopped.reason
     assert _statuses(manifest).count("done") == 2 * 2 * 3   # 3 blocks (24 s); a 4th would end at 32 s
     stored = RunDir(tmp_path / "b" / "run").manifest()
     assert stored.stopped is not None and stored.status == "done"

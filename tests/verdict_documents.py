@@ -97,8 +97,10 @@ class RecordedRunner:
                                     "candidate_inject": plan.scenario.arms["candidate"].inject})
 
     def run(self):
+        from harness.rundir.store import RunDir
+
         shutil.copytree(self.recording, self.run_dir, dirs_exist_ok=True)
-        return json.loads((self.run_dir / "manifest.json").read_text(encoding="utf-8"))
+        return RunDir(self.run_dir).manifest()
 
 
 def _with_recorded_runner(call):

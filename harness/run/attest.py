@@ -1,6 +1,6 @@
 """Path attestation: what a vLLM server says about the path it took, compared with the path the arm intended.
 
-Pure functions over text and dicts (no processes, no files):
+Pure functions over text and typed records (no processes, no files):
 
 - :func:`observe_from_log` — a server log (stdout+stderr of ``vllm serve``) → the observed path.
 - :func:`compare_paths` — intended vs observed → human-readable mismatches.
@@ -57,6 +57,9 @@ import ast
 import json
 import re
 from typing import Any, Mapping
+
+from harness.rundir.observation import Observation, RemoteObservation
+from harness.rundir.schema import Attestation
 
 # Fields compared between intended and observed; see dsa_route.serve_path.expected_observation.
 COMPARED_FIELDS: tuple[str, ...] = ("route", "model_runner", "compilation_mode", "cudagraph_mode",
@@ -143,131 +146,127 @@ def _non_default_args(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def observe_from_log(text: str) -> dict[str, Any]:
+def observe_from_log(text: str) -> Observation:
     """Extract the observed execution path from a vLLM server log.
 
     Args:
         text: the server's combined stdout+stderr.
 
     Returns:
-        A JSON-serialisable dict. Path fields (None when the log does not say):
-        ``route`` (from the ``dsa_route:`` line), ``model_runner`` (``"v1" | "v2"``), ``compilation_mode`` (a
-        CompilationMode name, e.g. ``"DYNAMO_TRACE_ONCE"``), ``cudagraph_mode`` (a CUDAGraphMode name),
-        ``breakable_cudagraph`` (bool: vLLM's auto-enable line or its breakable wrapper's line, else the value the
-        plugin put in the server's environment). Detail fields: ``dsa_route`` (fields of the first line), ``dsa_route_lines`` (count),
-        ``dsa_route_processes``, ``dsa_route_consistent`` (every process logged the same decision),
-        ``breakable_auto_enabled``, ``model_runner_evidence``, ``compilation_backend``, ``compiled`` (True when a
-        torch.compile line appears, None otherwise), ``compile_evidence`` (up to 3 lines), ``vllm_version``,
-        ``architecture``, ``kv_cache_dtype``, ``enforce_eager``, ``speculative_config``, ``attention_backends``,
-        ``non_default_args``, ``engine_init_s``, ``errors`` (up to 5 ERROR lines), ``injection`` /
-        ``injection_refused`` (the plugin's ``inject=`` / ``inject_refused=`` spec, None without one),
-        ``injection_applied`` (``dsa_route.vllm_cpu: applied inject=<spec>``, the model class's line), and on CUDA
-        ``breakable_wrapper`` (bool), ``cudagraph_capture_sizes`` (list of batch sizes), ``graph_capture_s`` and
-        ``graph_capture_gib`` (first capture). Never raises on odd text.
+        An :class:`~harness.rundir.observation.Observation` (its docstring lists the fields). Path fields are None
+        when the log does not say; ``breakable_cudagraph`` is vLLM's auto-enable line or its breakable wrapper's
+        line, else the value the plugin put in the server's environment; ``compiled`` is True when a torch.compile
+        line appears, None otherwise. Never raises on odd text.
     """
-    obs: dict[str, Any] = {
-        "route": None, "model_runner": None, "compilation_mode": None, "cudagraph_mode": None,
-        "breakable_cudagraph": None,
-        "dsa_route": None, "dsa_route_lines": 0, "dsa_route_processes": [], "dsa_route_consistent": None,
-        "breakable_auto_enabled": False, "model_runner_evidence": None, "compilation_backend": None,
-        "compiled": None, "compile_evidence": [], "vllm_version": None, "architecture": None,
-        "kv_cache_dtype": None, "enforce_eager": None, "speculative_config": None, "attention_backends": [],
-        "non_default_args": None, "engine_init_s": None, "errors": [],
-        "breakable_wrapper": False, "cudagraph_capture_sizes": None, "graph_capture_s": None,
-        "graph_capture_gib": None, "injection_applied": None,
-    }
+    obs: dict[str, Any] = {"dsa_route": None, "dsa_route_lines": 0, "dsa_route_processes": [],
+                           "breakable_auto_enabled": False, "compilation_mode": None, "compile_evidence": [],
+                           "vllm_version": None, "architecture": None, "attention_backends": [],
+                           "non_default_args": None, "engine_init_s": None, "errors": [], "breakable_wrapper": False,
+                           "graph_capture_s": None, "injection_applied": None}
     decisions: list[str] = []
-    v1_evidence = v2_evidence = None
+    runner: dict[str, str] = {}   # "v1" / "v2" → the first line that shows it
     for raw in text.splitlines():
         line = raw.rstrip()
         prefix = _PREFIX.match(line)
         body = line[prefix.end():] if prefix else line
-
         if obs["injection_applied"] is None and (m := _APPLIED_SPEC.search(line)):
             obs["injection_applied"] = m.group("spec")
-            continue
-        if "dsa_route:" in line:
-            fields = parse_dsa_route_line(line)
-            if fields is not None:
-                obs["dsa_route_lines"] += 1
-                if obs["dsa_route"] is None:
-                    obs["dsa_route"] = fields
-                obs["dsa_route_processes"].append(str(fields.get("process", prefix.group("proc") if prefix else "?")))
-                # The decision, not ``env``: a child process inherits what the API server's plugin set (e.g.
-                # VLLM_MLA_DISABLE for DSA on CPU) and logs only what it set itself.
-                decisions.append(" ".join(f"{k}={fields.get(k)}" for k in (
-                    "route", "platform", "arch", "model_runner", "breakable_cudagraph", "compilation_mode", "impl")))
-            continue
+        elif "dsa_route:" in line:
+            _plugin_line(obs, decisions, line, prefix)
+        elif (engine := _ENGINE.search(body)) and obs["compilation_mode"] is None:
+            obs.update(_engine_fields(engine.group("config")), vllm_version=engine.group("version"))
+        else:
+            _runner_evidence(runner, body)
+            _evidence(obs, body)
+    return _observation(obs, decisions, runner)
 
-        engine = _ENGINE.search(body)
-        if engine and obs["compilation_mode"] is None:
-            obs["vllm_version"] = engine.group("version")
-            config = engine.group("config")
-            if (m := _MODE.search(config)) is not None:
-                obs["compilation_mode"] = m.group("mode")
-            elif _MODE_NONE.search(config):
-                obs["compilation_mode"] = None
-            if (m := _BACKEND.search(config)) is not None:
-                obs["compilation_backend"] = m.group("backend")
-            if (m := _GRAPHS.search(config)) is not None:
-                obs["cudagraph_mode"] = m.group("graphs")
-            if (m := _CAPTURE_SIZES.search(config)) is not None:
-                obs["cudagraph_capture_sizes"] = [int(x) for x in m.group("sizes").split(",") if x.strip()]
-            if (m := _SPEC.search(config)) is not None:
-                obs["speculative_config"] = None if m.group("value") == "None" else m.group("value")
-            for name in ("kv_cache_dtype", "enforce_eager"):
-                if (m := re.search(_CONFIG_FIELD.format(name=name), config)) is not None:
-                    value = m.group("value")
-                    obs[name] = {"True": True, "False": False, "None": None}.get(value, value)
-            continue
 
-        src = _SRC.search(body)
-        if v2_evidence is None and (_V2_USED.search(body) or (src and src.group("file") in _V2_RUNNER_FILES)):
-            v2_evidence = body
-        elif v1_evidence is None and _V1_FALLBACK.search(body):
-            v1_evidence = body
-        elif v1_evidence is None and src and src.group("file") in _V1_RUNNER_FILES:
-            v1_evidence = body
-        if _BREAKABLE_WRAPPER.search(body):
-            obs["breakable_wrapper"] = True
-        if obs["graph_capture_s"] is None and (m := _CAPTURE.search(body)):
-            obs["graph_capture_s"], obs["graph_capture_gib"] = float(m.group("s")), float(m.group("gib"))
-        if _BREAKABLE_AUTO.search(body):
-            obs["breakable_auto_enabled"] = True
-        if _COMPILE_EVIDENCE.search(body):
-            obs["compiled"] = True
-            if len(obs["compile_evidence"]) < 3:
-                obs["compile_evidence"].append(body)
-        if obs["architecture"] is None and (m := _ARCH.search(body)):
-            obs["architecture"] = m.group("arch")
-        if obs["non_default_args"] is None and (m := _NON_DEFAULT.search(body)):
-            obs["non_default_args"] = _non_default_args(m.group("args"))
-        if (m := _ATTN.search(body)) and m.group("backend") not in obs["attention_backends"]:
-            obs["attention_backends"].append(m.group("backend"))
-        if obs["engine_init_s"] is None and (m := _INIT_TIME.search(body)):
-            obs["engine_init_s"] = float(m.group("s"))
-        if obs["vllm_version"] is None and "api_utils.py" in body and (m := _VERSION_BANNER.search(body)):
-            obs["vllm_version"] = m.group("version")
-        if _ERROR.match(body) and len(obs["errors"]) < 5:
-            obs["errors"].append(body)
+def _plugin_line(obs: dict[str, Any], decisions: list[str], line: str, prefix: re.Match | None) -> None:
+    """A ``dsa_route:`` line: its fields (the first line's kept), its process and its decision."""
+    fields = parse_dsa_route_line(line)
+    if fields is None:
+        return
+    obs["dsa_route_lines"] += 1
+    if obs["dsa_route"] is None:
+        obs["dsa_route"] = fields
+    obs["dsa_route_processes"].append(str(fields.get("process", prefix.group("proc") if prefix else "?")))
+    # The decision, not ``env``: a child process inherits what the API server's plugin set (e.g. VLLM_MLA_DISABLE
+    # for DSA on CPU) and logs only what it set itself.
+    decisions.append(" ".join(f"{k}={fields.get(k)}" for k in (
+        "route", "platform", "arch", "model_runner", "breakable_cudagraph", "compilation_mode", "impl")))
 
-    if v2_evidence is not None:
-        obs["model_runner"], obs["model_runner_evidence"] = "v2", v2_evidence
-    elif v1_evidence is not None:
-        obs["model_runner"], obs["model_runner_evidence"] = "v1", v1_evidence
 
+def _engine_fields(config: str) -> dict[str, Any]:
+    """The engine core's final config line: compilation mode and backend, CUDA-graph mode and capture sizes,
+    speculative config, KV-cache dtype and the eager flag (only those the line holds)."""
+    found: dict[str, Any] = {}
+    if (m := _MODE.search(config)) is not None:
+        found["compilation_mode"] = m.group("mode")
+    if (m := _BACKEND.search(config)) is not None:
+        found["compilation_backend"] = m.group("backend")
+    if (m := _GRAPHS.search(config)) is not None:
+        found["cudagraph_mode"] = m.group("graphs")
+    if (m := _CAPTURE_SIZES.search(config)) is not None:
+        found["cudagraph_capture_sizes"] = [int(x) for x in m.group("sizes").split(",") if x.strip()]
+    if (m := _SPEC.search(config)) is not None:
+        found["speculative_config"] = None if m.group("value") == "None" else m.group("value")
+    for name in ("kv_cache_dtype", "enforce_eager"):
+        if (m := re.search(_CONFIG_FIELD.format(name=name), config)) is not None:
+            value = m.group("value")
+            found[name] = {"True": True, "False": False, "None": None}.get(value, value)
+    return found
+
+
+def _runner_evidence(runner: dict[str, str], body: str) -> None:
+    """The first line that shows Model Runner V2 (its own line or file), or V1 (the fallback line or a V1 file)."""
+    src = _SRC.search(body)
+    if "v2" not in runner and (_V2_USED.search(body) or (src and src.group("file") in _V2_RUNNER_FILES)):
+        runner["v2"] = body
+    elif "v1" not in runner and (_V1_FALLBACK.search(body) or (src and src.group("file") in _V1_RUNNER_FILES)):
+        runner["v1"] = body
+
+
+def _evidence(obs: dict[str, Any], body: str) -> None:
+    """Every other line: breakable graphs, graph capture, compile evidence, architecture, non-default args,
+    attention backends, engine init time, the version banner and ERROR lines."""
+    if _BREAKABLE_WRAPPER.search(body):
+        obs["breakable_wrapper"] = True
+    if obs["graph_capture_s"] is None and (m := _CAPTURE.search(body)):
+        obs["graph_capture_s"], obs["graph_capture_gib"] = float(m.group("s")), float(m.group("gib"))
+    if _BREAKABLE_AUTO.search(body):
+        obs["breakable_auto_enabled"] = True
+    if _COMPILE_EVIDENCE.search(body):
+        obs["compiled"] = True
+        if len(obs["compile_evidence"]) < 3:
+            obs["compile_evidence"].append(body)
+    if obs["architecture"] is None and (m := _ARCH.search(body)):
+        obs["architecture"] = m.group("arch")
+    if obs["non_default_args"] is None and (m := _NON_DEFAULT.search(body)):
+        obs["non_default_args"] = _non_default_args(m.group("args"))
+    if (m := _ATTN.search(body)) and m.group("backend") not in obs["attention_backends"]:
+        obs["attention_backends"].append(m.group("backend"))
+    if obs["engine_init_s"] is None and (m := _INIT_TIME.search(body)):
+        obs["engine_init_s"] = float(m.group("s"))
+    if obs["vllm_version"] is None and "api_utils.py" in body and (m := _VERSION_BANNER.search(body)):
+        obs["vllm_version"] = m.group("version")
+    if _ERROR.match(body) and len(obs["errors"]) < 5:
+        obs["errors"].append(body)
+
+
+def _observation(obs: dict[str, Any], decisions: list[str], runner: dict[str, str]) -> Observation:
+    """The fields read line by line, with what follows from all of them: the model runner (V2 evidence wins), the
+    plugin's route and injection, whether its processes agree, and breakable graphs."""
+    model_runner = "v2" if "v2" in runner else "v1" if "v1" in runner else None
     route_fields = obs["dsa_route"] or {}
-    obs["injection"] = _word(route_fields.get("inject"))
-    obs["injection_refused"] = _word(route_fields.get("inject_refused"))
-    if route_fields:
-        obs["route"] = route_fields.get("route")
-        obs["dsa_route_consistent"] = len(set(decisions)) == 1
     env = route_fields.get("env") if isinstance(route_fields.get("env"), dict) else {}
-    if obs["breakable_auto_enabled"] or obs["breakable_wrapper"]:
-        obs["breakable_cudagraph"] = True
-    elif "VLLM_USE_BREAKABLE_CUDAGRAPH" in env:
-        obs["breakable_cudagraph"] = env["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1"
-    return obs
+    breakable = (True if obs["breakable_auto_enabled"] or obs["breakable_wrapper"] else
+                 env["VLLM_USE_BREAKABLE_CUDAGRAPH"] == "1" if "VLLM_USE_BREAKABLE_CUDAGRAPH" in env else None)
+    return Observation.model_validate({
+        **obs, "model_runner": model_runner, "model_runner_evidence": runner.get(model_runner or ""),
+        "route": _word(route_fields.get("route")) if route_fields else None,
+        "dsa_route_consistent": len(set(decisions)) == 1 if route_fields else None,
+        "breakable_cudagraph": breakable, "injection": _word(route_fields.get("inject")),
+        "injection_refused": _word(route_fields.get("inject_refused"))})
 
 
 def _normalise(value: Any) -> Any:
@@ -276,7 +275,7 @@ def _normalise(value: Any) -> Any:
     return value
 
 
-def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
+def compare_paths(intended: Mapping[str, Any], observed: Observation | RemoteObservation) -> list[str]:
     """Mismatches between the intended and the observed path.
 
     Args:
@@ -292,7 +291,7 @@ def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> l
     for name in COMPARED_FIELDS:
         if name not in intended or intended[name] is None:
             continue
-        seen = observed.get(name)
+        seen = _seen(observed, name)
         if seen is None:
             continue
         if _normalise(intended[name]) != _normalise(seen):
@@ -300,51 +299,57 @@ def compare_paths(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> l
     return mismatches
 
 
-def injection_mismatches(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
+def injection_mismatches(intended: Mapping[str, Any], observed: Observation | RemoteObservation) -> list[str]:
     """A calibration injection must be seen exactly as declared: ``intended["injection"]`` (a
-    :mod:`dsa_route.inject` spec or None) against ``observed["injection"]`` (the plugin's ``inject=`` field). Unlike the
+    :mod:`dsa_route.inject` spec or None) against ``observed.injection`` (the plugin's ``inject=`` field). Unlike the
     path fields, an injection the log does not show is a mismatch: a candidate that silently lacks its injection must
     not produce a calibration verdict; a declared one must also be ``injection_applied`` (the model class's own line).
     Nothing is compared when ``intended`` has no ``injection`` key (older plans)."""
     if "injection" not in intended:
         return []
-    declared, seen = intended["injection"], observed.get("injection")
+    declared, seen, refused = (intended["injection"], _seen(observed, "injection"),
+                               _seen(observed, "injection_refused"))
     if declared != seen:
         return [f"injection: declared {declared!r}, observed {seen!r}" + (
-            f" (the plugin refused it: {observed['injection_refused']!r})" if observed.get("injection_refused") else "")]
-    if declared is not None and observed.get("injection_applied") != declared:
-        return [f"injection: declared {declared!r}, but no model class applied it "
-                f"(applied {observed.get('injection_applied')!r})"]
+            f" (the plugin refused it: {refused!r})" if refused else "")]
+    applied = _seen(observed, "injection_applied")
+    if declared is not None and applied != declared:
+        return [f"injection: declared {declared!r}, but no model class applied it (applied {applied!r})"]
     return []
 
 
-def not_observed(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
-    """The intended fields the log did not show (names from :data:`COMPARED_FIELDS`)."""
+def _seen(observed: Observation | RemoteObservation, name: str) -> Any:
+    """A path field of ``observed``; None where it does not say (a :class:`RemoteObservation` has none)."""
+    return getattr(observed, name, None)
+
+
+def not_observed(intended: Mapping[str, Any], observed: Observation | RemoteObservation) -> list[str]:
+    """The intended fields the server did not show (names from :data:`COMPARED_FIELDS`)."""
     return [name for name in COMPARED_FIELDS
-            if intended.get(name) is not None and observed.get(name) is None]
+            if intended.get(name) is not None and _seen(observed, name) is None]
 
 
-def attest(intended: Mapping[str, Any], observed: Mapping[str, Any]) -> dict[str, Any]:
+def attest(intended: Mapping[str, Any], observed: Observation) -> dict[str, Any]:
     """``{"valid": bool, "mismatches": [str], "not_observed": [str]}`` for ``manifest.json``; valid when nothing
     disagrees (unobserved fields do not invalidate an arm; the report lists them)."""
     mismatches = compare_paths(intended, observed)
     return {"valid": not mismatches, "mismatches": mismatches, "not_observed": not_observed(intended, observed)}
 
 
-def observe_remote(server) -> dict[str, Any]:
+def observe_remote(server) -> RemoteObservation:
     """What a server started by other tooling exposes (``server``: a connected RemoteServer): its served models,
     ``/version`` and whether ``/metrics`` has spec-decode counters."""
     from harness.run.server import scrape_metrics, served_models, server_version
 
     metrics = scrape_metrics(server.base_url, server.headers)
-    return {"served_models": served_models(server.base_url, server.headers),
-            "server_version": server_version(server.base_url, server.headers),
-            "spec_decode_metrics": any(k.startswith("vllm:spec_decode") for k in metrics)}
+    return RemoteObservation(served_models=tuple(served_models(server.base_url, server.headers)),
+                             server_version=server_version(server.base_url, server.headers),
+                             spec_decode_metrics=any(k.startswith("vllm:spec_decode") for k in metrics))
 
 
-def remote_record(intended: dict[str, Any], observed: dict[str, Any]) -> dict[str, Any]:
+def remote_record(intended: Mapping[str, Any], observed: RemoteObservation) -> Attestation:
     """The manifest's ``attestation`` of a server started by other tooling: never valid or invalid, only what could
     not be checked (:func:`not_observed`) and why."""
-    return {"valid": None, "mismatches": [], "not_checked": not_observed(intended, observed),
-            "note": "server started by other tooling: only /v1/models, /version and /metrics were read; the model "
-                    "runner, compilation mode and CUDA-graph mode cannot be checked from there"}
+    return Attestation(valid=None, not_checked=tuple(not_observed(intended, observed)),
+                       note="server started by other tooling: only /v1/models, /version and /metrics were read; the "
+                            "model runner, compilation mode and CUDA-graph mode cannot be checked from there")

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from harness.run.plan import ArmPlan, PlanError, vllm_executable
+from harness.rundir.schema import BuildRecord, Observation
 
 _RECORD_SCRIPT = r"""
 import hashlib, importlib.metadata as m, json, re, sys
@@ -96,10 +97,10 @@ def release(version: str | None) -> str | None:
     return version.split("+", 1)[0].lstrip("v") if version else None
 
 
-def mismatch(build: dict | None, observed: dict) -> list[str]:
+def mismatch(build: BuildRecord | None, observed: Observation) -> list[str]:
     """The declared build's version against the one the server's log banner names ([] when either is unknown)."""
-    declared = release((build or {}).get("version"))
-    seen = release(observed.get("vllm_version"))
-    if declared and seen and declared != seen:
-        return [f"vllm version: the arm's build ({build.get('python')}) is {declared}, the server log says {seen}"]
+    declared = release(build.version if build else None)
+    seen = release(observed.vllm_version)
+    if build and declared and seen and declared != seen:
+        return [f"vllm version: the arm's build ({build.python}) is {declared}, the server log says {seen}"]
     return []

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 
 from harness.run.load import LevelError, read_bench_json
 from harness.run.plan import ArmPlan, Plan, pilot_raw_name
+from harness.run.run_manifest import ManifestWriter
 from harness.run.scenario import LEVEL_TIMEOUT_HEADROOM
 from harness.run.start import now
 from harness.rundir import schema
@@ -72,11 +73,10 @@ class Client(Protocol):
 
 
 def run_pilot(plan: Plan, arm: ArmPlan, server: Any, client: Client, run_dir: Path,
-              session: int | None) -> dict[str, Any]:
+              session: int | None) -> schema.PilotRecord:
     """One pilot level per concurrency of ``plan`` on ``arm``'s running ``server`` (``base_url``,
-    ``served_model_name``); returns the manifest's ``pilot`` record (:class:`~harness.rundir.pilot.PilotRecord` as
-    JSON data). A pilot level that fails keeps the scenario's count at that concurrency (its ``error`` says why);
-    the measured levels then fail or pass on their own."""
+    ``served_model_name``); returns the manifest's ``pilot`` record. A pilot level that fails keeps the scenario's
+    count at that concurrency (its ``error`` says why); the measured levels then fail or pass on their own."""
     work = plan.scenario.workload
     raw_dir = run_dir / schema.RAW_DIR
     raw_dir.mkdir(exist_ok=True)
@@ -95,8 +95,8 @@ def run_pilot(plan: Plan, arm: ArmPlan, server: Any, client: Client, run_dir: Pa
         except (LevelError, ValueError) as error:
             level.update(error=str(error), raw=None)
         levels.append(level)
-    return {"min_level_s": work.min_level_s, "arm": arm.name, "session": session, "at": now(),
-            "wall_s": round(time.monotonic() - started, 2), "levels": levels}
+    return schema.PilotRecord(min_level_s=work.min_level_s, arm=arm.name, session=session, at=now(),
+                              wall_s=round(time.monotonic() - started, 2), levels=levels)
 
 
 def _measured(client: Client, argv: list[str], log_path: Path, raw_path: Path, timeout_s: float) -> dict[str, Any]:
@@ -121,16 +121,16 @@ CAPPED_NOTE = ("The duration floor (workload.min_level_s) was capped at some con
                "level_timeout_s for the full floor.")
 
 
-def apply(manifest: dict[str, Any], plan: Plan, run_dir: Path) -> Plan:
-    """``plan`` with the counts of ``manifest["pilot"]``; the manifest's arms' ``bench_command`` (the first level's
-    argv) rewritten with them, and :data:`CAPPED_NOTE` added to its ``notes`` when the cap cut a count."""
-    record = schema.PilotRecord.model_validate(manifest["pilot"])
+def apply(writer: ManifestWriter, plan: Plan, run_dir: Path) -> Plan:
+    """``plan`` with the counts of the manifest's ``pilot``; its arms' ``bench_command`` (the first level's argv)
+    rewritten with them, and :data:`CAPPED_NOTE` added to its ``notes`` when the cap cut a count."""
+    record = writer.manifest.pilot
     sized = plan.with_prompt_counts(record.counts())
     first = sized.levels()[0]
-    for entry, arm in zip(manifest["arms"], sized.arms):
-        if entry.get("bench_command") is not None:
-            entry["bench_command"] = sized.bench_argv(arm, first.concurrency, first.round, "http://127.0.0.1:<port>",
-                                                      run_dir / schema.RAW_DIR)
-    if any(level.capped for level in record.levels) and CAPPED_NOTE not in manifest["notes"]:
-        manifest["notes"].append(CAPPED_NOTE)
+    for arm in sized.arms:
+        if writer.arm(arm.name).bench_command is not None:
+            writer.update_arm(arm.name, bench_command=sized.bench_argv(
+                arm, first.concurrency, first.round, "http://127.0.0.1:<port>", run_dir / schema.RAW_DIR))
+    if any(level.capped for level in record.levels):
+        writer.add_note(CAPPED_NOTE)
     return sized

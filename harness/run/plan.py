@@ -62,7 +62,7 @@ class ArmPlan:
     name: str
     route: str
     description: str
-    decision: dict
+    decision: routing.RouteDecision
     unavailable: tuple[str, ...]
     intended: dict
     server_args: tuple[str, ...]          # everything after `vllm serve MODEL`, port excluded
@@ -348,7 +348,7 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
         refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton) + _injection_refusals(
             injection, decision, machine.name)
         arms.append(ArmPlan(
-            name=name, route=spec.route, description=spec.description, decision=decision.to_dict(),
+            name=name, route=spec.route, description=spec.description, decision=decision,
             unavailable=tuple(unavailable),
             intended={**serve_path.expected_observation(decision, machine.name, has_triton=machine.has_triton),
                       "injection": None if injection is None else injection.spec},
@@ -378,8 +378,8 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
                      "(load_format = \"auto\" and the hub id).")
     notes += _session_notes(scenario)
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
-    per_arm = [{impl for arch, impl in arm.decision["implementation"].items()
-                if impl in cpu_classes and arch in arm.decision["architectures"]} for arm in arms]
+    per_arm = [{impl for arch, impl in arm.decision.implementation.items()
+                if impl in cpu_classes and arch in arm.decision.architectures} for arm in arms]
     served_by_dsa_route = sorted(set.union(*per_arm)) if all(per_arm) else []
     if served_by_dsa_route:
         notes.append("Both arms serve the DSA model with dsa_route's CPU implementation "

@@ -17,13 +17,14 @@ def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
     if arm.intended.get("injection"):
         lines.append(f"  injected: {arm.intended['injection']} (calibration injection, applied by the dsa_route plugin)")
     if reasons:
-        lines += [f"  reason: {reason}" for reason in arm.decision.get("reasons", [])]
+        lines += [f"  reason: {reason}" for reason in arm.decision.reasons]
     else:
-        lines.append(f"  decision: model_runner={arm.decision.get('model_runner')} "
-                     f"breakable_cudagraph={int(bool(arm.decision.get('breakable_cudagraph')))} "
-                     f"compilation_mode={arm.decision.get('compilation_mode')} "
-                     f"mtp={arm.decision.get('mtp_architecture') or 'none'} "
-                     f"impl={json.dumps(arm.decision.get('implementation', {}), separators=(',', ':'))}")
+        decision = arm.decision
+        lines.append(f"  decision: model_runner={decision.model_runner} "
+                     f"breakable_cudagraph={int(bool(decision.breakable_cudagraph))} "
+                     f"compilation_mode={decision.compilation_mode} "
+                     f"mtp={decision.mtp_architecture or 'none'} "
+                     f"impl={json.dumps(dict(decision.implementation), separators=(',', ':'))}")
     lines += [f"  not available on this platform: {item}" for item in arm.unavailable]
     lines.append(f"  intended path: {json.dumps(arm.intended)}")
     lines.append(f"  server env: {' '.join(f'{k}={shlex.quote(v)}' for k, v in sorted(arm.server_env.items()))}")

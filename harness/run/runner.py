@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from harness.run import (accuracy, arm_checks, attest, builds, cluster as cluste
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
-from harness.rundir.schema import LevelKey, Manifest
+from harness.rundir.schema import LevelKey, LevelRecord, LevelState, Manifest
 from harness.rundir.store import RunDir
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan, multi_node
@@ -65,11 +64,15 @@ class Runner:
         self.timing = {"server_start_s": 0.0, "benchmark_s": 0.0, "parity_s": 0.0, "gsm8k_s": 0.0,
                        "client_import_s": 0.0, "pilot_s": 0.0}
         self.gsm8k_failures: dict[str, str] = {}
-        self.lock = threading.RLock()   # the manifest's dicts and their saves: a duet's two level threads share them
-        self.manifest = (run_manifest.initial(plan, run_dir, remote=bool(options.base_urls), aa_check=options.aa_check)
-                         if resume_manifest is None else run_manifest.resumed(resume_manifest, self.store))
-        self.arms = {entry["name"]: entry for entry in self.manifest["arms"]}   # the same dicts, by name
+        self.writer = run_manifest.ManifestWriter(   # the typed manifest; a duet's two level threads share it
+            run_manifest.initial(plan, run_dir, remote=bool(options.base_urls), aa_check=options.aa_check)
+            if resume_manifest is None else run_manifest.resumed(resume_manifest, plan, self.store), self.store)
         self.arms_plan = {arm.name: arm for arm in plan.arms}
+
+    @property
+    def manifest(self) -> run_manifest.RunManifest:
+        """The run's manifest as it stands (typed; the writer replaces it on every change)."""
+        return self.writer.manifest
 
     def _connect_cluster(self, client_env: dict[str, str]) -> None:
         """With ``backend = "ray"``: connect (or start a head) and record the nodes and their versions. The backend
@@ -81,32 +84,29 @@ class Runner:
         self.cluster = backend.RayBackend(spec.address, client_env)
         nodes = self.cluster.nodes()
         self.node_versions = {node["node_id"]: node["versions"] for node in nodes}
-        record = self.manifest.get("cluster") or cluster_info.manifest_record(   # a resumed run from before placement
-            spec, [arm.name for arm in self.plan.arms], self.plan.scenario.workload.repeats)
-        self.manifest["cluster"] = {**record, "nodes": nodes}
+        record = self.manifest.cluster or schema.ClusterRecord.model_validate(   # a resumed run from before placement
+            cluster_info.manifest_record(spec, list(self.arms_plan), self.plan.scenario.workload.repeats))
+        self.writer.update(cluster=run_manifest.changed(record, nodes=nodes))
         self.console.print(f"ray: {len(nodes)} node(s): " + ", ".join(
             f"{node['node_id'][:12]} ({node['ip']})" for node in nodes))
         self._save()
 
     def _save(self) -> None:
-        with self.lock:
-            self.store.write_manifest(self.manifest)
+        self.writer.save()
 
-    def _level(self, arm: str, concurrency: int, round_no: int) -> dict[str, Any]:
-        return self.arms[arm]["levels"][str(LevelKey(concurrency, round_no))]
+    def _level(self, arm: str, concurrency: int, round_no: int) -> LevelRecord:
+        return self.writer.level(arm, LevelKey(concurrency, round_no))
 
-    def _new_session(self, entry: dict[str, Any], ready_s: float, base_url: str,
-                     startup: dict[str, float | None] | None = None, gpus: dict[str, Any] | None = None) -> None:
-        """Record a server session of the arm ``entry``: the levels measured from now on belong to it. ``gpus``:
+    def _new_session(self, arm: str, ready_s: float, base_url: str, startup: dict[str, float | None] | None = None,
+                     gpus: dict[str, Any] | None = None) -> None:
+        """Record a server session of ``arm``: the levels measured from now on belong to it. ``gpus``:
         :func:`gpu_idle.before_session` of its GPUs."""
-        entry["sessions"].append({"index": len(entry["sessions"]), "started_at": now(),
-                                  "server_start_s": round(ready_s, 2), "base_url": base_url, "startup": startup,
-                                  "gpus_before": (gpus or {}).get("gpus"), "gpu_note": (gpus or {}).get("note")})
-        entry.update(server_start_s=round(ready_s, 2), base_url=base_url)
+        self.writer.add_session(arm, started_at=now(), server_start_s=round(ready_s, 2), base_url=base_url,
+                                startup=startup, gpus_before=(gpus or {}).get("gpus"), gpu_note=(gpus or {}).get("note"))
 
     def _session(self, arm: str) -> int | None:
-        sessions = self.arms[arm]["sessions"]
-        return sessions[-1]["index"] if sessions else None
+        sessions = self.writer.arm(arm).sessions
+        return sessions[-1].index if sessions else None
 
     # ----------------------------------------------------------------------------------------------- servers
     def _server_env(self, arm: ArmPlan) -> dict[str, str]:
@@ -136,35 +136,41 @@ class Runner:
                 return self._start_server(arm, block, tries - 1)
             raise
         self.timing["server_start_s"] += ready_s
-        entry = self.arms[arm.name]
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
                     "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
-        self._new_session(entry, ready_s, server.base_url, measured, gpus)
+        self._new_session(arm.name, ready_s, server.base_url, measured, gpus)
         log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
-        entry["sessions"][-1]["placement"] = entry["placement"] = self._placement(arm.name, server, slot, block, log_text)
-        observed = attest.observe_from_log(log_text)
-        mismatches = attest.compare_paths(arm.intended, observed) + builds.mismatch(entry.get("build"), observed)
-        if not self.plan.scenario.cluster.allow_version_skew:
-            mismatches += cluster_info.version_skew(arm.name, [session["placement"]["node"] for session in
-                                                               entry["sessions"] if (session.get("placement") or {})
-                                                               .get("node")], self.node_versions)
-        entry["observed"] = observed
-        entry["attestation"] = {"valid": not mismatches, "mismatches": mismatches}
+        self.writer.place(arm.name, self._placement(arm.name, server, slot, block, log_text))
+        mismatches = self._attest(arm, attest.observe_from_log(log_text))
         self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
                            + (f" — [red]path mismatch: {escape('; '.join(mismatches))}[/]" if mismatches else ""))
         return server
 
-    def _placement(self, arm_name: str, server, slot: Slot, block: int, log_text: str) -> dict[str, Any]:
-        """The session's placement record (harness.run.cluster.session_placement); a NET/Socket note on GPUs."""
-        record = cluster_info.session_placement(self.plan.scenario, slot, block, getattr(server, "node", {}) or {},
-                                                log_text, (self.manifest.get("cluster") or {}).get("nodes", []))
-        note = cluster_info.transport_note(arm_name, record["nccl_transport"], self.plan.machine.name,
+    def _attest(self, arm: ArmPlan, observed: schema.Observation) -> list[str]:
+        """Record what the arm's server log showed and how it differs from the intended path, the arm's declared
+        build and (unless ``cluster.allow_version_skew``) its other nodes' versions; returns the mismatches."""
+        entry = self.writer.arm(arm.name)
+        mismatches = attest.compare_paths(arm.intended, observed) + builds.mismatch(entry.build, observed)
+        if not self.plan.scenario.cluster.allow_version_skew:
+            nodes = [session.placement.node for session in entry.sessions
+                     if session.placement and session.placement.node]
+            mismatches += cluster_info.version_skew(arm.name, nodes, self.node_versions)
+        self.writer.update_arm(arm.name, observed=observed,
+                               attestation=schema.Attestation(valid=not mismatches, mismatches=tuple(mismatches)))
+        return mismatches
+
+    def _placement(self, arm_name: str, server, slot: Slot, block: int, log_text: str) -> schema.Placement:
+        """The session's placement (harness.run.cluster.session_placement); a NET/Socket note on GPUs."""
+        nodes = [node.model_dump() for node in (self.manifest.cluster.nodes if self.manifest.cluster else ())]
+        placement = schema.Placement.model_validate(cluster_info.session_placement(
+            self.plan.scenario, slot, block, getattr(server, "node", {}) or {}, log_text, nodes))
+        note = cluster_info.transport_note(arm_name, placement.nccl_transport, self.plan.machine.name,
                                            multi_node(self.plan.scenario))
-        if note and note not in self.manifest["notes"]:
-            self.manifest["notes"].append(note)
-        return record
+        if note:
+            self.writer.add_note(note)
+        return placement
 
     def _connect_remote(self, arm: ArmPlan, url: str) -> RemoteServer:
         """Connect to a server started by other tooling; attest what its endpoints expose."""
@@ -172,9 +178,9 @@ class Runner:
         self.console.print(f"[bold]{arm.name}[/]: using the running server at {url} (dsa-bench starts nothing)")
         ready_s = server.connect(self.plan.scenario.serve.ready_timeout_s)
         observed = attest.observe_remote(server)
-        entry = self.arms[arm.name]
-        self._new_session(entry, ready_s, url)
-        entry.update(observed=observed, server_command=None, attestation=attest.remote_record(arm.intended, observed))
+        self._new_session(arm.name, ready_s, url)
+        self.writer.update_arm(arm.name, observed=observed, server_command=None,
+                               attestation=attest.remote_record(arm.intended, observed))
         self._save()
         return server
 
@@ -227,22 +233,22 @@ class Runner:
         measured level. A server that fails to start here is recorded by the level loop, as without a pilot."""
         if not self.plan.scenario.workload.min_level_s:
             return
-        if self.manifest.get("pilot") is None:
+        if self.manifest.pilot is None:
             first = next(((name, server) for name, c, r in order if name not in self.dead_arms
-                          and self._level(name, c, r)["status"] != "done"
+                          and self._level(name, c, r).status != LevelState.DONE
                           for server in [self._server_for(self.arms_plan[name], self.plan.block_of(r))] if server),
                          None)
             if first is None:
                 return
             name, server = first
             self.console.print(f"[bold]{name}[/]: pilot levels (≥ {self.plan.scenario.workload.min_level_s:g} s)")
-            self.manifest["pilot"] = pilot.run_pilot(self.plan, self.arms_plan[name], server,
-                                                     server.load_client or clients[name],
-                                                     self.run_dir, self._session(name))
-            self.timing["pilot_s"] += self.manifest["pilot"]["wall_s"]
-        self.plan = pilot.apply(self.manifest, self.plan, self.run_dir)
+            record = pilot.run_pilot(self.plan, self.arms_plan[name], server, server.load_client or clients[name],
+                                     self.run_dir, self._session(name))
+            self.writer.update(pilot=record)
+            self.timing["pilot_s"] += record.wall_s or 0.0
+        self.plan = pilot.apply(self.writer, self.plan, self.run_dir)
         self._save()
-        self.console.print(f"prompts per level: {schema.PilotRecord.model_validate(self.manifest['pilot']).describe()}")
+        self.console.print(f"prompts per level: {self.manifest.pilot.describe()}")
 
     # ----------------------------------------------------------------------------------------------- stopping
     def _stopped(self, reason: str) -> None:
@@ -252,11 +258,8 @@ class Runner:
         for name, server in list(self.servers.items()):   # concurrent servers: GSM8K was due after the last level
             if server.alive():
                 self._gsm8k(name, server)
-        for arm in self.manifest["arms"]:
-            for level in arm["levels"].values():
-                if level["status"] == "pending":
-                    level["status"] = f"{schema.STOPPED}: {reason}"
-        self.manifest["stopped"] = {"reason": reason, "at": now()}
+        self.writer.settle_pending(f"{schema.STOPPED}: {reason}")
+        self.writer.update(stopped=schema.StopRecord(reason=reason, at=now()))
         self._save()
 
     # ----------------------------------------------------------------------------------------------- accuracy
@@ -271,7 +274,7 @@ class Runner:
         for name, live in list(self.servers.items()):   # the baseline's outputs may come after the other's start
             if live.alive():
                 self.timing["parity_s"] += arm_checks.collect_scoring(self.run_dir, name,
-                                                                      len(self.arms[name]["sessions"]), live,
+                                                                      len(self.writer.arm(name).sessions), live,
                                                                       scenario.parity, self.console)
 
     def _gsm8k(self, arm: str, server: VllmServer | RemoteServer) -> None:
@@ -328,16 +331,16 @@ class Runner:
     def _ready(self, name: str, concurrency: int, round_no: int) -> VllmServer | RemoteServer | None:
         """The running server a pending level is measured on; None when the level is not run now (done on a resumed
         run, or its arm is dead: the level's status then says why)."""
-        entry = self._level(name, concurrency, round_no)
-        if entry["status"] == "done":
+        key = LevelKey(concurrency, round_no)
+        if self.writer.level(name, key).status == LevelState.DONE:
             return None
         if name in self.dead_arms:
-            entry["status"] = f"skipped: {self.dead_arms[name]}"
+            self.writer.update_level(name, key, status=f"{LevelState.SKIPPED.value}: {self.dead_arms[name]}")
             self._save()
             return None
         server = self._server_for(self.arms_plan[name], self.plan.block_of(round_no))
         if server is None:
-            entry["status"] = f"failed: {self.dead_arms[name]}"
+            self.writer.update_level(name, key, status=f"{LevelState.FAILED.value}: {self.dead_arms[name]}")
             self._save()
         return server
 
@@ -345,9 +348,10 @@ class Runner:
                  round_no: int, progress: Progress, task) -> None:
         """Run one level (:meth:`_run_level`) and record its outcome, start and end (UTC, ms) in the manifest. A
         level failure is recorded, not raised; its arm then stops unless ``continue_on_error`` (or its server died)."""
-        entry, level_started = self._level(name, concurrency, round_no), time.monotonic()
-        with self.lock:
-            entry.update(status="failed: interrupted during this level", started_at=now("milliseconds"))
+        key, level_started = LevelKey(concurrency, round_no), time.monotonic()
+        with self.writer.lock:
+            self.writer.update_level(name, key, status="failed: interrupted during this level",
+                                     started_at=now("milliseconds"))
             self._save()
         status, dead = "done", None
         try:
@@ -357,14 +361,13 @@ class Runner:
             self.console.print(f"[red]{name} c={concurrency} r={round_no} failed: {escape(str(error))}[/]")
             dead = ("server died" if not server.alive() else None if self.options.continue_on_error
                     else "an earlier level failed (use --continue-on-error to go on)")
-        with self.lock:
+        with self.writer.lock:
             if dead is not None:
                 self.dead_arms[name] = dead
-            entry.update(status=status, wall_s=round(time.monotonic() - level_started, 2),
-                         finished_at=now("milliseconds"),
-                         raw=f"{schema.RAW_DIR}/{LevelKey(concurrency, round_no).raw_name(name)}")
-            if status == "done":
-                entry["session"] = self._session(name)
+            session = {"session": self._session(name)} if status == "done" else {}
+            self.writer.update_level(name, key, status=status, wall_s=round(time.monotonic() - level_started, 2),
+                                     finished_at=now("milliseconds"), raw=f"{schema.RAW_DIR}/{key.raw_name(name)}",
+                                     **session)
             self._save()
 
     def _run_step(self, items: list[tuple[str, int, int]], clients: dict[str, LoadClient], progress: Progress,
@@ -393,7 +396,7 @@ class Runner:
                 or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done,
                                 sum(self.timing[k] for k in ("parity_s", "gsm8k_s", "pilot_s"))))
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> run_manifest.RunManifest:
         """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""
         started = time.monotonic()
         self._save()
@@ -434,9 +437,7 @@ class Runner:
             if stop is not None:
                 self._stopped(stop)
             arm_checks.finish(self.run_dir, self.plan.scenario.accuracy, self.options.gsm8k, self.gsm8k_failures)
-            all_done = all(schema.level_state(level["status"]) in (schema.LevelState.DONE, schema.LevelState.STOPPED)
-                           for arm in self.manifest["arms"] for level in arm["levels"].values())
-            status = "done" if all_done else "failed"
+            status = "done" if self.writer.complete() else "failed"
         except (KeyboardInterrupt, procs.Interrupted):
             status = "interrupted"
             raise
@@ -446,7 +447,7 @@ class Runner:
 
     def _close(self, clients: set[LoadClient], started: float, status: str) -> None:
         """Stop every client and server; the final timing, the levels never reached and the status, saved."""
-        with self.lock:
+        with self.writer.lock:
             for client in clients:
                 client.close()
             for server in self.servers.values():
@@ -454,6 +455,6 @@ class Runner:
             if self.cluster is not None:
                 self.cluster.close()
             self.timing["client_import_s"] = sum(client.import_s for client in clients)
-            run_manifest.finish(self.manifest, self.timing, time.monotonic() - started, status)
+            self.writer.finish(self.timing, time.monotonic() - started, status)
             self._save()
 

@@ -40,6 +40,7 @@ from pydantic import Field
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
+from harness.rundir.observation import Observation, RemoteObservation  # re-exported
 from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
 from harness.rundir.record import Record as _Record
 from harness.rundir.rows import (ACCURACY_COLUMNS, LEVEL_COLUMNS, MTP_COLUMNS, REQUEST_COLUMNS,  # re-exported
@@ -322,7 +323,10 @@ class EstimateRecord(_Record):
 
 
 class Manifest(_Record):
-    """``manifest.json``. ``scenario`` is the resolved scenario as a dict (``harness.run.scenario`` validates it)."""
+    """``manifest.json`` as readers see it. ``scenario`` is the resolved scenario as a dict, each arm's ``decision`` and
+    ``observed`` dicts: a run directory of any version reads. The runner writes the typed subclass
+    (``harness.run.run_manifest.RunManifest``: a ``Scenario``, ``RouteDecision`` and :class:`Observation`), whose
+    JSON is the same."""
 
     schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str
@@ -355,9 +359,13 @@ class Manifest(_Record):
         """The first arm whose route is ``route`` ("baseline" | "candidate"), or None."""
         return next((arm for arm in self.arms if arm.route == route), None)
 
+    def scenario_data(self) -> dict[str, Any]:
+        """The resolved scenario as JSON data (what ``manifest.json`` holds; a writer's typed scenario, dumped)."""
+        return self.scenario
+
     def scenario_value(self, *path: str) -> Any:
         """``scenario[path[0]][path[1]]…``, None where a key is missing or a value is not a table."""
-        value: Any = self.scenario
+        value: Any = self.scenario_data()
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         return value
@@ -382,9 +390,10 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
     "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "LevelState", "level_reason",
     "level_state", "MANIFEST", "MTP_COLUMNS", "Manifest",
-    "NodeRecord", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement", "Platform",
+    "NodeRecord", "Observation", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement",
+    "Platform",
     "RAW_DIR", "READABLE_VERSIONS",
-    "REPORT", "REQUESTS", "REQUEST_COLUMNS",
+    "RemoteObservation", "REPORT", "REQUESTS", "REQUEST_COLUMNS",
     "REQUIRED_ACCURACY_COLUMNS", "REQUIRED_LEVEL_COLUMNS", "REQUIRED_REQUEST_COLUMNS", "RequestRow", "RunStatus",
     "SCHEMA_VERSION", "SEVERITY", "SUMMARY", "SessionRecord", "Status", "VERDICT"
 ]
