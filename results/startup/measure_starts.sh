@@ -8,22 +8,25 @@
 set -u
 cd "$(dirname "$0")/../.."
 PAIRS=${1:-3}; LOGS=${LOGS:-$(mktemp -d)}; PORT=${PORT:-8123}
-CK=$PWD/dsa_route/tiny/arith/checkpoint
+# The baseline arm's server command and environment exactly as `dsa-bench compare` plans them (ArmPlan.server_argv,
+# ArmPlan.server_env), one shell word per line after the served model name.
+mapfile -t ARGV < <(.venv/bin/python -c '
+import sys
+from harness.compare import CompareRequest, build_plan
+arm = next(a for a in build_plan(CompareRequest(), to_run=True)[0].arms if a.name == "baseline")
+print(arm.served_model_name, *(f"{k}={v}" for k, v in arm.server_env.items()), *arm.server_argv(sys.argv[1]), sep="\n")' "$PORT")
+SERVED=${ARGV[0]}; ARGV=("${ARGV[@]:1}")
 start() {  # $1 label, rest: extra environment
   local label=$1; shift
   local t0; t0=$(date +%s.%N)
-  env "$@" DSA_ROUTE=baseline VLLM_CPU_KVCACHE_SPACE=1 VLLM_USE_BREAKABLE_CUDAGRAPH=0 VLLM_USE_V2_MODEL_RUNNER=0 \
-    .venv/bin/vllm serve "$CK" --host 127.0.0.1 --port "$PORT" --served-model-name t --tokenizer "$CK" --seed 0 \
-    --dtype bfloat16 --max-model-len 512 --load-format safetensors --kv-cache-dtype auto --max-num-batched-tokens 1024 \
-    --compilation-config '{"mode":"VLLM_COMPILE","cudagraph_mode":"NONE"}' \
-    --speculative-config '{"method":"mtp","num_speculative_tokens":1,"enforce_eager":true}' > "$LOGS/$label.log" 2>&1 &
+  env "$@" "${ARGV[@]}" > "$LOGS/$label.log" 2>&1 &
   local pid=$!
   until curl -sf "localhost:$PORT/health" >/dev/null; do
     sleep 0.5; kill -0 $pid 2>/dev/null || { echo "$label died (log: $LOGS/$label.log)"; return; }
   done
   local ready; ready=$(echo "$(date +%s.%N) - $t0" | bc)
   curl -sf "localhost:$PORT/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"model":"t","prompt":"12+7=","max_tokens":8,"temperature":0}' >/dev/null || echo "$label: first request failed"
+    -d "{\"model\":\"$SERVED\",\"prompt\":\"12+7=\",\"max_tokens\":8,\"temperature\":0}" >/dev/null || echo "$label: first request failed"
   local init; init=$(grep -oE "init engine .* took [0-9.]+ s" "$LOGS/$label.log" | grep -oE "[0-9.]+ s$")
   local again=no; grep -q "Compiling model again due to a load failure" "$LOGS/$label.log" && again=yes
   printf '%s ready_s=%.1f engine_init_s=%s recompiled_after_load_failure=%s\n' "$label" "$ready" "${init% s}" "$again"
