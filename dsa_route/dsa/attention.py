@@ -29,11 +29,11 @@ from torch import nn
 from .config import DsaConfig
 from .fp8 import dequantize_fp8_tensor, quantize_fp8_tensor
 from .indexer import Indexer, indexer_logits
+from .injections import CORRECT, Defect
 from .kv_cache import LayerCache, QueryForm
 from .layers import RMSNorm
 from .rope import apply_rope
 from .sparse_mla import absorb_query, dense_mla, dense_mqa, sparse_mla, sparse_mla_mha, split_kv_b, unabsorb_output
-from .topk import topk_indices
 
 
 @dataclass
@@ -58,7 +58,11 @@ class DsaAttention(nn.Module):
 
     ``mla_form``: ``"absorbed"`` (MQA over the latent cache, the FlashMLA contract; default) or ``"mha"`` (expand keys
     and values per head). ``last_topk``: the ``[B,S,K]`` int32 indices of the latest sparse forward (a debugging aid).
+    ``defect``: the calibration defect its indexer keys, selection and softmax scale go through (:mod:`.injections`;
+    the identity by default).
     """
+
+    defect: Defect = CORRECT
 
     def __init__(self, config: DsaConfig, layer_idx: int):
         super().__init__()
@@ -126,16 +130,19 @@ class DsaAttention(nn.Module):
                 outs.append(unabsorb_output(dense_mqa(q_lat, kv_rows, key_end, self.softmax_scale, L), w_uv))
                 continue
             if idx_proj is not None and not skip_topk:
-                logits = indexer_logits(idx_proj.q[b], cache.read_index_keys(b, length), idx_proj.weights[b], key_end)
-                indices = topk_indices(logits, self.index_topk)
+                keys, end = self.defect.index_keys(cache.read_index_keys(b, length), key_end, None,
+                                                   torch.tensor([length - 1]))
+                indices = self.defect.select(indexer_logits(idx_proj.q[b], keys, idx_proj.weights[b], end),
+                                             self.index_topk)
             else:
                 indices = shared_topk[b]
             topks.append(indices)
             if self.mla_form == "mha":
-                outs.append(sparse_mla_mha(q_nope[b], q_pe[b], kv_rows, indices, w_uk, w_uv, self.softmax_scale))
+                outs.append(sparse_mla_mha(q_nope[b], q_pe[b], kv_rows, indices, w_uk, w_uv,
+                                           self.defect.softmax_scale(self.softmax_scale)))
                 continue
             q_lat = self._latent_query(q_nope[b], q_pe[b], w_uk, inp)  # [S,H,L+R]
-            o_lat = sparse_mla(q_lat, kv_rows, indices, self.softmax_scale, L)  # [S,H,L]
+            o_lat = sparse_mla(q_lat, kv_rows, indices, self.defect.softmax_scale(self.softmax_scale), L)  # [S,H,L]
             outs.append(unabsorb_output(o_lat, w_uv))
         o = torch.stack(outs)
         assert o.shape == (B, S, H, V)

@@ -76,12 +76,6 @@ def dequantize_fp8_blocks(values: torch.Tensor, scales: torch.Tensor) -> torch.T
     return (vb * scales.float()[..., None]).reshape(values.shape)
 
 
-def fake_quant_fp8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """``dequantize(quantize(x))`` in fp32: the value an FP8 kernel effectively multiplies (ReLU and the sum over heads
-    commute with the positive scales, so this equals the kernels' scaled fp8 dot products)."""
-    return dequantize_fp8_blocks(*quantize_fp8_blocks(x, block))
-
-
 def quantize_fp8_tensor(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-tensor static FP8 (vLLM ``kv_cache_dtype="fp8"``: one ``_k_scale``, 1.0 unless calibrated):
     ``e4m3(clamp(x / scale))``. Returns float8_e4m3fn of ``x``'s shape. Finite overflow saturates to ±448 as in

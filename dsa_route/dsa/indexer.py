@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import DsaConfig
-from .fp8 import fake_quant_fp8_blocks, quant_block_size
-from .rope import apply_rope
+from .fp8 import quant_block_size
+from .injections import CORRECT, Defect
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,7 +57,10 @@ class IndexerProjection:
 
 class Indexer(nn.Module):
     """Lightning-indexer projections. Parameter names match HF checkpoints: ``wq_b``, ``wk``, ``k_norm``,
-    ``weights_proj`` (vLLM fuses ``wk``+``weights_proj`` into ``wk_weights_proj`` at load time)."""
+    ``weights_proj`` (vLLM fuses ``wk``+``weights_proj`` into ``wk_weights_proj`` at load time). ``defect``: the
+    calibration defect its RoPE and FP8 query go through (:mod:`.injections`; the identity by default)."""
+
+    defect: Defect = CORRECT
 
     def __init__(self, config: DsaConfig):
         super().__init__()
@@ -78,15 +81,16 @@ class Indexer(nn.Module):
         B, S, _ = x.shape
         H, I, R = self.n_heads, self.head_dim, self.rope_dim
         q = self.wq_b(q_latent).view(B, S, H, I)
-        q = torch.cat((apply_rope(q[..., :R], cos[:, :, None], sin[:, :, None], interleaved=self.interleaved_rope),
-                       q[..., R:]), dim=-1)
+        q = torch.cat((self.defect.indexer_rope(q[..., :R], cos[:, :, None], sin[:, :, None], self.interleaved_rope,
+                                                key=False), q[..., R:]), dim=-1)
         # LayerNorm in fp32 with fp32 affine, cast back (DeepSeek-V3.2-Exp ``LayerNorm``; vLLM dtype=float32)
         k = F.layer_norm(self.wk(x).float(), (I,), self.k_norm.weight.float(), self.k_norm.bias.float(), 1e-6)
         k = k.to(x.dtype)
-        k = torch.cat((apply_rope(k[..., :R], cos, sin, interleaved=self.interleaved_rope), k[..., R:]), dim=-1)
+        k = torch.cat((self.defect.indexer_rope(k[..., :R], cos, sin, self.interleaved_rope, key=True), k[..., R:]),
+                      dim=-1)
         if self.use_hadamard:
             q, k = hadamard(q), hadamard(k)
-        q = fake_quant_fp8_blocks(q, quant_block_size(I)) if self.use_fp8 else q.float()
+        q = self.defect.fp8_query(q, quant_block_size(I)) if self.use_fp8 else q.float()
         weights = F.linear(x.float(), self.weights_proj.weight.float()) * (H**-0.5 * I**-0.5)
         assert q.shape == (B, S, H, I) and k.shape == (B, S, I) and weights.shape == (B, S, H)
         return IndexerProjection(q=q, k=k, weights=weights)

@@ -29,6 +29,7 @@ from torch import nn
 from .attention import AttentionInputs
 from .block import DecoderLayer
 from .config import DsaConfig
+from .injections import CORRECT, Defect
 from .kv_cache import LayerCache
 from .layers import RMSNorm
 
@@ -46,7 +47,10 @@ class SharedHead(nn.Module):
 
 
 class MTPLayer(DecoderLayer):
-    """A decoder block plus the MTP input fusion and its own head; see module docstring for the maths."""
+    """A decoder block plus the MTP input fusion and its own head; see module docstring for the maths. ``defect``: the
+    calibration defect the recycled hidden goes through (:mod:`.injections`; the identity by default)."""
+
+    defect: Defect = CORRECT
 
     def __init__(self, config: DsaConfig, layer_idx: int):
         super().__init__(config, layer_idx)
@@ -66,7 +70,7 @@ class MTPLayer(DecoderLayer):
         h = self.eh_proj(torch.cat((self.enorm(e), self.hnorm(prev_hidden)), dim=-1))
         h, _ = self.forward(h, inp, cache, reuse_topk, skip_topk=reuse_topk is not None)
         normed = self.shared_head.norm(h)
-        return self.shared_head.head(normed).float(), normed
+        return self.shared_head.head(normed).float(), self.defect.recycled_hidden(h, normed)
 
 
 @dataclass

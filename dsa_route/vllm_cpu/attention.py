@@ -41,7 +41,6 @@ from dsa_route.dsa.kv_cache import decode_index_keys, encode_index_keys, indexer
 from dsa_route.dsa.rope import apply_rope
 from dsa_route.dsa.sparse_mla import absorb_query, sparse_mla, split_kv_b, unabsorb_output
 from dsa_route.dsa.indexer import indexer_logits
-from dsa_route.dsa.topk import topk_indices
 
 # KV-cache dtypes this implementation serves: the unquantized latent cache (vLLM "auto" = the model dtype).
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "bfloat16")
@@ -311,8 +310,10 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
         imeta = _metadata(attn.index_cache.prefix)  # may sit in another KV-cache group: its own slots and blocks
         attn.index_cache.write_keys(imeta.slot_mapping, idx.k[0, :n])
         index_keys = attn.index_cache.gather_keys(imeta.block_table, imeta.seq_lens)  # [T, I]
-        logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_end, keys.key_start)
-        indices = getattr(attn, "select_topk", topk_indices)(logits, attn.index_topk)  # [n, K] into the flat keys
+        newest = torch.cumsum(imeta.seq_lens.long(), 0) - 1  # [R] each request's newest row of the flat key array
+        index_keys, key_end = attn.defect.index_keys(index_keys, keys.key_end, keys.key_start, newest)
+        logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], key_end, keys.key_start)
+        indices = attn.defect.select(logits, attn.index_topk)  # [n, K] into the flat keys
     elif getattr(attn, "topk_source", None) is not None and attn.topk_source.last_topk is not None:
         indices = attn.topk_source.last_topk
     else:
@@ -321,7 +322,8 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
     q_lat = absorb_query(q_nope[:n], q_pe[:n], w_uk)  # [n, H, C]
     # Read only the selected latent rows, straight from the pages: flat indices → slots (-1 stays -1).
     selected = torch.where(indices >= 0, latent_slots[indices.clamp_min(0).long()], -1)  # [n, K]
-    o_lat = sparse_mla(q_lat, attn.latent_cache.rows(), selected, attn.softmax_scale, L)  # [n, H, L]
+    o_lat = sparse_mla(q_lat, attn.latent_cache.rows(), selected, attn.defect.softmax_scale(attn.softmax_scale),
+                       L)  # [n, H, L]
     o = unabsorb_output(o_lat, w_uv).reshape(n, H * V)
     if n < N:
         o = torch.cat((o, o.new_zeros(N - n, H * V)))

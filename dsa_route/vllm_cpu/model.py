@@ -26,8 +26,8 @@ from vllm.config import VllmConfig
 
 from dsa_route.dsa import DsaConfig, DsaForCausalLM
 from dsa_route.dsa.moe import MoE
-from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
-from dsa_route.inject import TOPK_RANDOM_SEED, Injection, injection_from_env
+from dsa_route.dsa.injections import install
+from dsa_route.inject import Injection, injection_from_env
 
 from .attention import attach_caches, kv_cache_dtype_for, register_layer
 from .ops import dsa_attention, dsa_moe
@@ -131,27 +131,21 @@ class _DsaCpuBase(DsaForCausalLM):
 def apply_injection(model: "_DsaCpuBase", injection: Injection | None, keep: str) -> Injection | None:
     """Switch a calibration injection (:mod:`dsa_route.inject`) on in a freshly built model; returns it.
 
-    ``topk-random``: every layer with an indexer selects through :func:`random_topk_indices` (one generator per model,
-    seeded with ``TOPK_RANDOM_SEED``), read by ``paged_dsa_attention`` as ``attn.select_topk``; shared top-k layers
-    reuse that random set. ``indexer-rope-flip``: :func:`flip_indexer_rope_` on the whole model. ``step-delay``: the
-    target's (``keep == "decoder"``) first layer sleeps ``delay_s`` per forward that has attention metadata (real
-    steps, not vLLM's dummy runs); the MTP draft is not delayed. The draft gets the two defects too: it is part of the
-    path under test. Writes one ``dsa_route.vllm_cpu: applied inject=<spec> ...`` line to stderr.
+    A catalogue defect (:data:`dsa_route.inject.DEFECTS`) is installed on every kept layer
+    (:func:`dsa_route.dsa.injections.install`: the reference modules' hooks, which ``paged_dsa_attention`` and the MTP
+    forward call); the draft gets it too, as part of the path under test. ``step-delay``: the target's
+    (``keep == "decoder"``) first layer sleeps ``delay_s`` per forward that has attention metadata (real steps, not
+    vLLM's dummy runs); the MTP draft is not delayed. Writes one ``dsa_route.vllm_cpu: applied inject=<spec> ...`` line
+    to stderr.
     """
     if injection is None:
         return None
     # The line harness.run.attest reads as proof that the model, not only the plugin, took the injection.
     print(f"{APPLIED_PREFIX} inject={injection.spec} model={type(model).__name__} layers={list(model.used_layers)}",
           file=sys.stderr, flush=True)
-    if injection.kind == "topk-random":
-        generator = torch.Generator().manual_seed(TOPK_RANDOM_SEED)
-        select = lambda logits, topk: random_topk_indices(logits, topk, generator)  # noqa: E731
-        for i in model.used_layers:
-            if model.model.layers[i].self_attn.indexer is not None:
-                object.__setattr__(model.model.layers[i].self_attn, "select_topk", select)
-    elif injection.kind == "indexer-rope-flip":
-        flip_indexer_rope_(model)
-    elif injection.kind == "step-delay" and keep == "decoder":
+    if injection.kind != "step-delay":
+        install(model, injection.kind)
+    elif keep == "decoder":
         object.__setattr__(model.model.layers[model.used_layers[0]].self_attn, "step_delay_s", injection.delay_s)
     return injection
 
@@ -209,7 +203,7 @@ class DsaCpuMTPModel(_DsaCpuBase):
         h = layer.eh_proj(torch.cat((layer.enorm(e), layer.hnorm(hidden_states)), dim=-1))
         cos, sin = self.rope.cos_sin(positions)
         h = self._block(i, h, positions, cos, sin)
-        return h, layer.shared_head.norm(h)
+        return h, layer.defect.recycled_hidden(h, layer.shared_head.norm(h))
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         layer = self.model.layers[self._mtp_index(spec_step_idx)]

@@ -4,13 +4,9 @@ Runs the test problems through the reference model (:mod:`.evaluate`) once on th
 injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
 path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
 
-Defects (:data:`INJECTIONS`; :func:`injected` applies one for the duration of a ``with`` block, with the pieces of
-:mod:`dsa_route.dsa.injections` that the serving path applies too, through the per-arm ``inject`` setting):
-
-- ``topk-random``: each query's indexer selection is replaced by ``index_topk`` keys drawn uniformly (seeded) from the
-  keys it may see — sparse attention still runs, on the wrong tokens;
-- ``indexer-rope-flip``: the indexer's RoPE pair layout is flipped (half-split ↔ interleaved, the DeepSeek-V3.2 /
-  GLM-5 difference), so the indexer scores positions wrongly while the MLA attention stays correct.
+Defects: the catalogue :data:`dsa_route.inject.DEFECTS` (each installed on the whole model by
+:func:`dsa_route.dsa.injections.install`, the same hooks the serving path's per-arm ``inject`` setting switches on).
+Defects that act on MTP drafts only (``min_spec_tokens`` > 0: greedy answers cannot change) are left out.
 """
 
 from __future__ import annotations
@@ -20,42 +16,28 @@ import json
 import sys
 from collections.abc import Iterator
 
-import torch
-
 from dsa_route.dsa import DsaForCausalLM
-from dsa_route.dsa import attention as dsa_attention
-from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
+from dsa_route.dsa.injections import install
+from dsa_route.inject import DEFECTS
 
 from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
 from .task import generate
 
-INJECTIONS = ("topk-random", "indexer-rope-flip")
+INJECTIONS = tuple(kind for kind, spec in DEFECTS.items() if not spec.min_spec_tokens)  # greedy-visible
 MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
 """What "sparse attention matters" means for the checkpoint: each defect loses at least this many strict-match
 points and keeps fewer than this share of the correct path's answers token for token."""
 
 
 @contextlib.contextmanager
-def injected(model: DsaForCausalLM, kind: str, seed: int = 0) -> Iterator[None]:
-    """Apply defect ``kind`` (:data:`INJECTIONS`) to ``model``'s reference forward inside the block; restored on exit.
-    ``topk-random`` replaces ``topk_indices`` where the reference attention calls it (seeded by ``seed``).
+def injected(model: DsaForCausalLM, kind: str) -> Iterator[None]:
+    """Defect ``kind`` (:data:`INJECTIONS`) installed on ``model`` inside the block; the correct path restored on exit.
     Raises ValueError for an unknown kind."""
-    if kind not in INJECTIONS:
-        raise ValueError(f"inject: expected one of {INJECTIONS}, got {kind!r}")
-    if kind == "indexer-rope-flip":
-        flip_indexer_rope_(model)
-        try:
-            yield
-        finally:
-            flip_indexer_rope_(model)
-        return
-    gen = torch.Generator().manual_seed(seed)
-    saved = dsa_attention.topk_indices
-    dsa_attention.topk_indices = lambda logits, topk: random_topk_indices(logits, topk, gen)
+    install(model, kind)
     try:
         yield
     finally:
-        dsa_attention.topk_indices = saved
+        install(model, None)
 
 
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
@@ -88,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
         extra = "" if kind == "correct" else (f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %")
-        print(f"{kind:18s} {acc}{extra}")
+        print(f"{kind:24s} {acc}{extra}")
     print(json.dumps(report))
     met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
     print(f"sparse attention matters (drop ≥ {MIN_DROP_POINTS:g} pts strict-match and parity < "
