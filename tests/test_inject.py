@@ -10,15 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsa_route.dsa.injections import flip_indexer_rope_, random_topk_indices
+from dsa_route.dsa.injections import CORRECT, Defect, install
 from dsa_route.dsa.topk import topk_indices
-from dsa_route.inject import ENV_INJECT, Injection, injection_from_env, parse_injection
+from dsa_route.inject import ALLOWED, DEFECTS, ENV_INJECT, KINDS, Injection, injection_from_env, parse_injection
+from dsa_route.tiny.arith.sensitivity import INJECTIONS
 from harness.run import procs
 from harness.run.attest import attest, compare_paths, observe_from_log
 from harness.rundir.schema import Observation
 from harness.run.scenario import ScenarioError, load_scenario
-
-ALLOWED = "topk-random, indexer-rope-flip, step-delay:<ms>"
 
 
 @pytest.mark.parametrize("text,kind,params,spec", [
@@ -65,10 +64,27 @@ def _causal_logits(S: int, T: int, seed: int = 0) -> torch.Tensor:
     return logits.masked_fill(~visible, float("-inf"))
 
 
+def _select(kind: str, logits: torch.Tensor, k: int, seed: int = 0) -> torch.Tensor:
+    return Defect(DEFECTS[kind], torch.Generator().manual_seed(seed)).select(logits, k)
+
+
+def _rows(out: torch.Tensor) -> list[set[int]]:
+    return [set(int(i) for i in row if i >= 0) for row in out]
+
+
+def test_the_catalogue_is_the_one_setting_and_names_its_sources():
+    assert set(KINDS) == {*DEFECTS, "step-delay"} and all(kind in ALLOWED for kind in KINDS)
+    assert sum(spec.harmful for spec in DEFECTS.values()) == 12
+    assert [k for k, spec in DEFECTS.items() if not spec.harmful] == ["topk-order", "topk-tie-last"]
+    assert all(len(spec.cites) > 20 for spec in DEFECTS.values())
+    assert [k for k, spec in DEFECTS.items() if spec.min_spec_tokens] == ["mtp-hidden-unnormed"]
+    assert "mtp-hidden-unnormed" not in INJECTIONS and set(INJECTIONS) < set(DEFECTS)
+
+
 def test_topk_random_keeps_the_topk_contract_and_differs_from_the_indexer():
     S, T, K = 24, 40, 8
     logits = _causal_logits(S, T)
-    out = random_topk_indices(logits, K, torch.Generator().manual_seed(0))
+    out = _select("topk-random", logits, K)
     assert out.dtype == torch.int32 and out.shape == (S, K)
     visible = (logits != float("-inf")).sum(-1)
     for s in range(S):
@@ -79,16 +95,73 @@ def test_topk_random_keeps_the_topk_contract_and_differs_from_the_indexer():
         assert bool((chosen[1:] > chosen[:-1]).all())                       # ascending and distinct
         assert bool((logits[s, chosen.long()] != float("-inf")).all())      # only keys the query may see
     assert not torch.equal(out, topk_indices(logits, K))                   # not the indexer's selection
-    again = random_topk_indices(logits, K, torch.Generator().manual_seed(0))
-    assert torch.equal(out, again)                                          # seeded
+    assert torch.equal(out, _select("topk-random", logits, K))              # seeded
 
 
 def test_topk_random_is_uniform_over_visible_keys():
     T, K, draws = 10, 3, 4000
     logits = torch.arange(T, dtype=torch.float32).expand(draws, T).clone()  # the indexer would always pick 7, 8, 9
-    out = random_topk_indices(logits, K, torch.Generator().manual_seed(1))
+    out = _select("topk-random", logits, K, seed=1)
     counts = torch.bincount(out.flatten().long(), minlength=T).float() / draws
     assert torch.allclose(counts, torch.full((T,), K / T), atol=0.03)
+
+
+def test_lost_key_drops_the_lowest_selected_key_only_where_the_row_had_to_choose():
+    S, T, K = 24, 40, 8
+    logits = _causal_logits(S, T, seed=3)
+    exact, lost = _rows(topk_indices(logits, K)), _rows(_select("topk-lost-key", logits, K))
+    visible = (logits != float("-inf")).sum(-1)
+    for s in range(S):
+        if visible[s] > K:
+            (dropped,) = exact[s] - lost[s]
+            assert lost[s] < exact[s] and dropped == min(exact[s], key=lambda i: float(logits[s, i]))
+        else:
+            assert lost[s] == exact[s]
+
+
+def test_pad_zero_reads_the_padding_of_short_rows_as_key_zero():
+    S, T, K = 24, 40, 30
+    logits = _causal_logits(S, T, seed=4)
+    exact, padded = topk_indices(logits, K), _select("topk-pad-zero", logits, K)
+    assert bool((padded >= 0).all()) and bool((exact < 0).any())
+    assert torch.equal(torch.where(exact >= 0, exact, 0), padded.to(exact.dtype))
+
+
+def test_index_topk_half_keeps_half_the_width_and_pads_the_rest():
+    logits = _causal_logits(16, 64, seed=5)
+    out = _select("index-topk-half", logits, 16)
+    assert out.shape == (16, 16) and bool((out[:, 8:] == -1).all())
+    assert _rows(out) == _rows(topk_indices(logits, 8))
+
+
+def test_the_harmless_defects_select_the_same_key_sets():
+    logits = _causal_logits(24, 40, seed=6)
+    exact = topk_indices(logits, 8)
+    ordered = _select("topk-order", logits, 8)
+    assert _rows(ordered) == _rows(exact) and not torch.equal(ordered, exact)
+    assert torch.equal(_select("topk-tie-last", logits, 8), exact.to(torch.int32))  # no ties: identical
+    tied = torch.zeros(1, 12)                                                        # all tied: the other end wins
+    assert _rows(_select("topk-tie-last", tied, 4)) == [{8, 9, 10, 11}] and _rows(topk_indices(tied, 4)) == [{0, 1, 2, 3}]
+
+
+def test_visibility_and_stale_key_change_what_the_indexer_reads():
+    keys, key_end = torch.ones(10, 4), torch.tensor([1, 5, 10])
+    newest = torch.tensor([9])
+    same_keys, same_end = CORRECT.index_keys(keys, key_end, None, newest)
+    assert torch.equal(same_keys, keys) and torch.equal(same_end, key_end)
+    _, shifted = Defect(DEFECTS["visibility-off-by-one"]).index_keys(keys, key_end, None, newest)
+    assert shifted.tolist() == [1, 4, 9]                                   # each query keeps its first key
+    stale, _ = Defect(DEFECTS["stale-index-key"]).index_keys(keys, key_end, None, newest)
+    assert stale[9].abs().sum() == 0 and bool((stale[:9] == 1).all()) and bool((keys == 1).all())
+
+
+def test_softmax_scale_and_fp8_floor():
+    assert Defect(DEFECTS["softmax-scale-large"]).softmax_scale(0.5) == pytest.approx(0.5 * 1.874, rel=1e-3)
+    assert Defect(DEFECTS["softmax-scale-small"]).softmax_scale(0.5) == pytest.approx(0.5 * 1.069, rel=1e-3)
+    q = torch.randn(4, 128, generator=torch.Generator().manual_seed(7)) * 3
+    correct, floored = CORRECT.fp8_query(q, 128), Defect(DEFECTS["indexer-fp8-scale-floor"]).fp8_query(q, 128)
+    assert (correct - q).abs().max() < 0.1 * q.abs().max()                  # ue8m0 rounded up: no saturation
+    assert (floored - q).abs().max() > (correct - q).abs().max()            # rounded down: the largest saturate
 
 
 def _tiny_reference():
@@ -99,21 +172,28 @@ def _tiny_reference():
     return DsaForCausalLM(TinyDsaSpec().dsa_config(), dtype=torch.float32).init_random(0)
 
 
-def test_rope_flip_changes_the_indexer_and_a_second_flip_restores_it():
+@pytest.mark.parametrize("kind", sorted(INJECTIONS))
+def test_install_reaches_the_reference_model_and_none_restores_it(kind):
+    """Every greedy-visible defect changes the reference logits on a prompt past index_topk (32); the harmless ones
+    leave them equal up to summation order; ``install(model, None)`` restores the correct path exactly."""
     model = _tiny_reference()
-    from dsa_route.dsa.indexer import Indexer
-
-    layouts = [m.interleaved_rope for m in model.modules() if isinstance(m, Indexer)]
-    prompt = torch.randint(0, model.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(0, model.config.vocab_size, (1, 96), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(prompt)
-        assert flip_indexer_rope_(model) == len(layouts) > 0
-        assert [m.interleaved_rope for m in model.modules() if isinstance(m, Indexer)] == [not x for x in layouts]
-        flipped = model(prompt)
-        flip_indexer_rope_(model)
+        installed = install(model, kind)
+        changed = model(prompt)
+        install(model, None)
         restored = model(prompt)
-    assert not torch.equal(before, flipped)
-    assert torch.equal(before, restored)
+    assert installed.spec is DEFECTS[kind] and torch.equal(before, restored)
+    if DEFECTS[kind].harmful:
+        assert not torch.allclose(before, changed, atol=1e-5)
+    else:
+        assert torch.allclose(before, changed, atol=1e-4)
+
+
+def test_install_refuses_a_kind_outside_the_catalogue():
+    with pytest.raises(ValueError, match="not a catalogue defect"):
+        install(_tiny_reference(), "step-delay")
 
 
 def test_vllm_cpu_hook_applies_each_kind_to_the_model(capsys):
@@ -126,31 +206,30 @@ def test_vllm_cpu_hook_applies_each_kind_to_the_model(capsys):
     attns = [model.model.layers[i].self_attn for i in model.used_layers]
 
     assert apply_injection(model, None, "decoder") is None
-    assert all(not hasattr(a, "select_topk") and not getattr(a, "step_delay_s", 0.0) for a in attns)
+    assert all(a.defect is CORRECT and not getattr(a, "step_delay_s", 0.0) for a in attns)
 
     apply_injection(model, parse_injection("topk-random"), "decoder")
     assert observe_from_log(capsys.readouterr().err).injection_applied == "topk-random"
-    selectors = [a.select_topk for a in attns if a.indexer is not None]
-    assert selectors
-    logits = _causal_logits(16, 40)
-    assert not torch.equal(selectors[0](logits, 8), topk_indices(logits, 8))
+    assert all(a.defect.spec is DEFECTS["topk-random"] for a in attns)
 
-    layouts = [a.indexer.interleaved_rope for a in attns if a.indexer is not None]
     apply_injection(model, parse_injection("indexer-rope-flip"), "decoder")
-    assert [a.indexer.interleaved_rope for a in attns if a.indexer is not None] == [not x for x in layouts]
+    indexers = [a.indexer for a in attns if a.indexer is not None]
+    assert indexers and all(i.defect.spec is DEFECTS["indexer-rope-flip"] for i in indexers)
 
+    install(model, None)
     apply_injection(model, parse_injection("step-delay:25"), "mtp")  # the draft is not delayed
-    assert not any(getattr(a, "step_delay_s", 0.0) for a in attns)
+    assert not any(getattr(a, "step_delay_s", 0.0) for a in attns) and all(a.defect is CORRECT for a in attns)
     apply_injection(model, parse_injection("step-delay:25"), "decoder")
     assert [getattr(a, "step_delay_s", 0.0) for a in attns] == [0.025] + [0.0] * (len(attns) - 1)
 
 
-def test_paged_attention_selects_through_the_hook():
-    """The CPU path calls the layer's ``select_topk`` where it would call ``topk_indices`` (source check: running
-    ``paged_dsa_attention`` needs vLLM's forward context)."""
+def test_paged_attention_goes_through_the_layers_defect():
+    """The CPU path reads its indexer keys, selection and softmax scale through ``attn.defect`` where the reference
+    does (source check: running ``paged_dsa_attention`` needs vLLM's forward context)."""
     source = (Path(__file__).resolve().parents[1] / "dsa_route/vllm_cpu/attention.py").read_text()
-    assert 'getattr(attn, "select_topk", topk_indices)(logits, attn.index_topk)' in source
-    assert "time.sleep(attn.step_delay_s)" in source
+    for call in ("attn.defect.index_keys(", "attn.defect.select(logits, attn.index_topk)",
+                 "attn.defect.softmax_scale(attn.softmax_scale)", "time.sleep(attn.step_delay_s)"):
+        assert call in source
 
 
 # ---- plugin ----------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -110,6 +110,10 @@ MANIFEST = json.loads((V1_RUN / schema.MANIFEST).read_text())
 
 @FAST
 @given(path=st.sampled_from(list(_paths(MANIFEST))), value=mutation)
+@example(path=("scenario", "gate"), value={"\n": None})   # found by CI: a key with a newline in a one-line error
+@example(path=("scenario", "gate"), value=True)            # found by CI: a gate that is not a table in the summary
+@example(path=("scenario", "workload"), value=True)
+@example(path=("scenario", "workload", "rounds_per_session"), value="two")
 def test_mutated_manifests_gate_without_a_traceback(run_copy, capsys, path, value):
     run_dir = run_copy("m")
     (run_dir / schema.MANIFEST).write_text(json.dumps(_mutate(MANIFEST, path, value)))

@@ -129,7 +129,7 @@ def _time(text: str | None) -> datetime | None:
 def block_wall_s(manifest: Manifest) -> tuple[float | None, int]:
     """(median seconds per session block, blocks timed): the gaps between consecutive blocks' last level ends, the
     first from the run's first server start (None when fewer than one block finished or nothing is timed)."""
-    per_session = int((manifest.scenario_value("workload") or {}).get("rounds_per_session", 1) or 1)
+    per_session = manifest.rounds_per_session()
     ends: dict[int, datetime] = {}
     starts = []
     for arm in manifest.arms:

@@ -137,7 +137,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     concurrency = manifest.scenario_value("workload", "concurrency")
     planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
     blocks = manifest.scenario_value("workload", "repeats")   # session blocks
-    per_session = finite_float(manifest.scenario_value("workload", "rounds_per_session")) or 1
+    per_session = manifest.rounds_per_session()
     planned_rounds = int(blocks) * int(per_session) if finite_float(blocks) else None   # rounds in all
     level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
     statuses: dict[tuple[str, int], dict[int, str]] = {}

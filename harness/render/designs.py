@@ -51,14 +51,15 @@ def _machine_words(machine: Mapping[str, Any]) -> str:
 def design_ran(manifest: Manifest) -> str:
     """The run's design in words, from the manifest's scenario (``[gate]`` min/max_sessions, ``[workload]``
     repeats and rounds_per_session): fixed or group-sequential; "not recorded" for imported runs."""
-    gate, workload = manifest.scenario.get("gate") or {}, manifest.scenario.get("workload") or {}
-    blocks, rounds = workload.get("repeats"), workload.get("rounds_per_session")
+    blocks = manifest.scenario_value("workload", "repeats")
+    rounds = manifest.scenario_value("workload", "rounds_per_session")
     if blocks is None:
         return "not recorded (no scenario in the manifest)"
     per_block = f", {rounds} round(s) per session" if rounds else ""
-    if gate.get("max_sessions"):
-        return (f"group-sequential (a look after every block from {gate.get('min_sessions')} sessions per arm on, "
-                f"at most {gate['max_sessions']} blocks{per_block})")
+    max_sessions = manifest.scenario_value("gate", "max_sessions")
+    if max_sessions:
+        return (f"group-sequential (a look after every block from {manifest.scenario_value('gate', 'min_sessions')} "
+                f"sessions per arm on, at most {max_sessions} blocks{per_block})")
     return f"fixed ({blocks} session blocks judged once{per_block})"
 
 

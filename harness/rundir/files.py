@@ -52,7 +52,13 @@ def first_error(error: ValidationError, template: str = "{where}: {message}") ->
     ``(top level)``) and ``message`` (pydantic's, without its ``Value error,`` prefix), plus ``(+N more)`` when there
     are more."""
     first = error.errors()[0]
-    where = ".".join(str(part) for part in first.get("loc", ())) or "(top level)"
-    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    where = ".".join(_printable(str(part)) for part in first.get("loc", ())) or "(top level)"
+    message = _printable(str(first.get("msg", "")).removeprefix("Value error, "))
     more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
     return template.format(where=where, message=message) + more
+
+
+def _printable(text: str) -> str:
+    """``text`` as is, or as Python's ``ascii()`` writes it when it holds a newline or another control character
+    (a key taken from a file may hold one)."""
+    return text if text.isprintable() else ascii(text)

@@ -31,6 +31,7 @@ level metrics are vLLM's own (``vllm/benchmarks/serve.py``: ``mean_tpot_ms`` is 
 
 from __future__ import annotations
 
+import math
 import re
 from enum import Enum
 from typing import Any, Literal, NamedTuple
@@ -369,6 +370,13 @@ class Manifest(_Record):
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         return value
+
+    def rounds_per_session(self) -> int:
+        """``workload.rounds_per_session`` as a whole number ≥ 1 (1 where it is missing or not a positive number)."""
+        value = self.scenario_value("workload", "rounds_per_session")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
+            return 1
+        return int(value)
 
     def model_name(self) -> str:
         """The model the run served: the benchmark's ``--model``, else the scenario's ``model.id``."""

@@ -88,7 +88,7 @@ def analyze_run(run_dir: Path, robust_estimators: tuple[str, ...] = ()) -> dict[
     manifest, levels = store.manifest(), store.levels(numeric=True)
     record_path = store.file(DESIGN_RECORD)
     record = json.loads(record_path.read_text(encoding="utf-8")) if record_path.exists() else {}
-    per_session = int((manifest.scenario_value("workload") or {}).get("rounds_per_session", 1) or 1)
+    per_session = manifest.rounds_per_session()
     spread = run_noise(manifest, levels)
     notes = [] if record else [f"no {DESIGN_RECORD}: not run by the design study; named after its scenario"]
     sessions: Any = {"note": "1 round per session: within and between session spread not separable"}
