@@ -65,8 +65,14 @@ def test_aa_overrides_make_the_candidate_a_copy_of_the_baseline():
     (["calibrate", "--slowdown", "bogus"], "--slowdown"),
     (["calibrate", "--inject-candidate", "topk-random"], "drop --inject-candidate"),
     (["calibrate", "--budget", "soon"], "not a duration"),
+    (["calibrate", "--defects", "nope"], "unknown defect(s) nope; use all or"),
+    (["calibrate", "--defects", " , "], "no defect named"),
+    (["calibrate", "--defects", "mtp-hidden-unnormed"], "pass --mtp 2"),           # the default drafts 1 token
+    (["calibrate", "--defects", "topk-random", "--scenario", "cpu-tiny"], "dsa_route.vllm_cpu"),   # vLLM's class
+    (["calibrate", "--defects", "all", "--scenario", "cpu-tiny"], "can apply none of the 14 defects"),
 ])
-def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path):
+def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
     try:
         code = main(argv + ["--out", str(tmp_path)])
     except SystemExit as exit_:                       # argparse's own errors
@@ -74,6 +80,9 @@ def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path
     err = capsys.readouterr().err
     assert code == 2 and fragment in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+    from harness.run import procs
+
+    assert procs.live_children() == []
 
 
 def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded(tmp_path, monkeypatch):
@@ -160,3 +169,78 @@ def test_an_interrupted_run_ends_calibrate_without_starting_the_next(tmp_path, m
     monkeypatch.setattr(compare, "run", interrupted_compare)
     assert main(["calibrate", "--aa-runs", "3", "--scenario", "cpu-tiny-dsa", "--out", str(tmp_path)]) == 130
     assert calls == [None] and "no further runs" in capsys.readouterr().err
+
+
+def _verdict(overall: str, failed_cell: bool) -> dict:
+    """A minimal ``verdict.json`` (harness.rundir.schema.VerdictDocument): one GSM8K cell and the token-divergence
+    cell, both FAILed when ``failed_cell``."""
+    result = "FAIL" if failed_cell else "PASS"
+    return {"run_id": "r", "overall": overall, "exit_code": 1 if overall == "FAIL" else 3, "reason": "r",
+            "cells": [{"metric": "gsm8k_accuracy", "label": "GSM8K", "concurrency": None, "result": result},
+                      {"metric": "output_throughput", "label": "tput", "concurrency": 4, "result": "PASS"}],
+            "correctness": [{"name": "token_divergence", "result": result}, {"name": "parity", "result": "PASS"}]}
+
+
+def _fake_defect_runs(tmp_path, monkeypatch, outcome):
+    """``compare.run`` replaced by a copy of the recorded run whose verdict ``outcome(inject)`` gives
+    (``(overall, failed_cell)``); returns the list of injections asked for, in order."""
+    import json
+    import shutil
+
+    from harness import compare
+
+    injections = []
+
+    def fake_compare(request):
+        inject = request.overrides["arms.candidate.inject"]
+        injections.append(inject)
+        run_dir = tmp_path / f"run{len(injections)}"
+        shutil.copytree("tests/fixtures/compare_run", run_dir)
+        (run_dir / "verdict.json").write_text(json.dumps(_verdict(*outcome(inject))))
+        return compare.CompareResult(exit_code=0, run_dir=run_dir)
+
+    monkeypatch.setattr(compare, "run", fake_compare)
+    return injections
+
+
+def test_calibrate_defects_all_prints_the_kill_matrix_and_leaves_out_what_the_scenario_cannot_apply(
+        tmp_path, monkeypatch, capsys):
+    """``--defects all`` on the default: the A/A run, then one run per applicable defect (not the slowdown);
+    harmful ones FAIL, harmless ones PASS → every outcome as expected, exit 0; ``mtp-hidden-unnormed`` needs
+    ``--mtp 2`` and is listed as not run."""
+    import json
+
+    from dsa_route.inject import DEFECTS
+
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path / "cache"))
+    injections = _fake_defect_runs(tmp_path, monkeypatch, lambda inject: (
+        ("FAIL", True) if inject and DEFECTS[inject].harmful else ("PASS", False)))
+    code = main(["calibrate", "--defects", "all", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    runnable = [name for name in DEFECTS if name != "mtp-hidden-unnormed"]
+    assert injections == [None, *runnable]
+    assert "| `topk-random` | yes | FAIL | caught | gsm8k_accuracy GSM8K, token_divergence |" in out
+    assert "| `topk-order` | no | PASS | quiet | — |" in out
+    assert "caught: 11, missed: 0, false alarm: 0, quiet: 2" in out and "not run: mtp-hidden-unnormed" in out
+    (written,) = tmp_path.glob("calibration-*.json")
+    record = json.loads(written.read_text())
+    assert [row["defect"] for row in record["kill_matrix"]] == runnable and "slowdown" not in record
+    assert "--mtp 2" in record["not_run"]["mtp-hidden-unnormed"] and code == 0
+
+
+def test_a_missed_defect_or_a_harmless_fail_fails_the_calibration(tmp_path, monkeypatch, capsys):
+    import json
+
+    verdicts = {None: ("INCONCLUSIVE", False), "topk-random": ("FAIL", True),
+                "visibility-off-by-one": ("INCONCLUSIVE", False), "topk-order": ("FAIL", True)}
+    monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path / "cache"))
+    injections = _fake_defect_runs(tmp_path, monkeypatch, verdicts.__getitem__)
+    code = main(["calibrate", "--defects", "topk-random,visibility-off-by-one,topk-order,topk-random",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert injections == [None, "topk-random", "visibility-off-by-one", "topk-order"]   # each once, in order
+    assert "| `visibility-off-by-one` | yes | INCONCLUSIVE | missed | — |" in out
+    assert "| `topk-order` | no | FAIL | false alarm |" in out
+    (written,) = tmp_path.glob("calibration-*.json")
+    outcomes = [row["outcome"] for row in json.loads(written.read_text())["kill_matrix"]]
+    assert outcomes == ["caught", "missed", "false alarm"] and code == 1

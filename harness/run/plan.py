@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from dsa_route import routing, serve_path
-from dsa_route.inject import ENV_INJECT, NEEDS_DSA_CPU, Injection
+from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import LevelKey
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
@@ -286,15 +286,23 @@ def _common_server_args(scenario: Scenario, served_name: str, tokenizer: str) ->
 AskVllm = Callable[[str, Machine, dict, "str | None"], "dict | None"]
 
 
-def _injection_refusals(injection: Injection | None, decision: routing.RouteDecision, platform: str) -> list[str]:
-    """Why an arm's injection could not be applied: every kind lives in dsa_route's CPU DSA classes."""
+def _injection_refusals(injection: Injection | None, decision: routing.RouteDecision, platform: str,
+                        num_speculative_tokens: int) -> list[str]:
+    """Why an arm's injection could not be applied: every kind lives in dsa_route's CPU DSA classes, and a defect
+    that acts on MTP drafts (``DefectSpec.min_spec_tokens``) needs that many speculative tokens."""
     if injection is None or injection.kind not in NEEDS_DSA_CPU:
         return []
+    refusals = []
     cpu_classes = set(routing.CPU_IMPLEMENTATION.values())
-    if platform == "cpu" and any(impl in cpu_classes for impl in decision.implementation.values()):
-        return []
-    return [f"inject = {injection.spec!r} is applied by dsa_route's CPU DSA classes (dsa_route.vllm_cpu), which do not "
-            f"serve this arm on {platform}; drop the injection or run a DSA model on cpu"]
+    if platform != "cpu" or not any(impl in cpu_classes for impl in decision.implementation.values()):
+        refusals.append(f"inject = {injection.spec!r} is applied by dsa_route's CPU DSA classes (dsa_route.vllm_cpu), "
+                        f"which do not serve this arm on {platform}; drop the injection or run a DSA model on cpu")
+    defect = DEFECTS.get(injection.kind)
+    if defect is not None and num_speculative_tokens < defect.min_spec_tokens:
+        refusals.append(f"inject = {injection.spec!r} acts on MTP draft position {defect.min_spec_tokens - 1} and "
+                        f"later, which {num_speculative_tokens} speculative token(s) never reach; pass "
+                        f"--mtp {defect.min_spec_tokens} (mtp.num_speculative_tokens)")
+    return refusals
 
 
 def _session_notes(scenario: Scenario) -> list[str]:
@@ -346,7 +354,7 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
         if injection is not None:
             env[ENV_INJECT] = injection.spec
         refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton) + _injection_refusals(
-            injection, decision, machine.name)
+            injection, decision, machine.name, mtp_tokens or 0)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision,
             unavailable=tuple(unavailable),

@@ -2,7 +2,11 @@
 
 Runs the test problems through the reference model (:mod:`.evaluate`) once on the correct path and once per
 injected defect, and prints, per defect, the accuracy (strict / flexible, points) and its drop against the correct
-path, and *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's.
+path, *parity*: the fraction of problems whose greedy answer is token-for-token the correct path's, and the
+*teacher-forced divergence* the served gate's ``token_divergence`` cell measures (:mod:`harness.judge.divergence`):
+per problem the mean over the correct path's greedy tokens of ``|Δ log p|`` (nats / token) when the defective path
+scores exactly those tokens (one prefill of prompt + continuation, as ``prompt_logprobs`` scores them), summarised as
+its median and the number of problems above ``--tolerance`` (default 0.01, the gate's ``TOKEN_TOLERANCE``).
 
 Defects: the catalogue :data:`dsa_route.inject.DEFECTS` (each installed on the whole model by
 :func:`dsa_route.dsa.injections.install`, the same hooks the serving path's per-arm ``inject`` setting switches on).
@@ -16,14 +20,19 @@ import json
 import sys
 from collections.abc import Iterator
 
+import torch
+
 from dsa_route.dsa import DsaForCausalLM
 from dsa_route.dsa.injections import install
 from dsa_route.inject import DEFECTS
 
-from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate
-from .task import generate
+from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate, prompt_ids
+from .task import Problem, generate
 
 INJECTIONS = tuple(kind for kind, spec in DEFECTS.items() if not spec.min_spec_tokens)  # greedy-visible
+DEFAULT_TOLERANCE = 0.01
+"""Nats per token: ``harness.judge.divergence.TOKEN_TOLERANCE``, the per-prompt tie of the served cell (this package
+does not import the harness)."""
 MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
 """What "sparse attention matters" means for the checkpoint: each defect loses at least this many strict-match
 points and keeps fewer than this share of the correct path's answers token for token."""
@@ -40,19 +49,46 @@ def injected(model: DsaForCausalLM, kind: str) -> Iterator[None]:
         install(model, None)
 
 
+@torch.no_grad()
+def forced_logprobs(model: DsaForCausalLM, tok, problems: list[Problem], outputs: list[list[int]]) -> list[torch.Tensor]:
+    """Per problem ``float32 [len(output)]``: log p of each of ``outputs``' tokens after the prompt, scored in one
+    forward over prompt + output (no KV cache: a prefill, as vLLM's ``prompt_logprobs`` scores a sequence)."""
+    scores = []
+    for problem, output in zip(problems, outputs):
+        prompt = prompt_ids(tok, problem)                                         # [1, S]
+        ids = torch.cat((prompt, torch.tensor([output], dtype=prompt.dtype)), dim=1)  # [1, S + O]
+        logits = model(ids)[0, prompt.shape[1] - 1:-1].float()                    # [O, V]: predicts each output token
+        scores.append(logits.log_softmax(-1).gather(1, torch.tensor(output)[:, None])[:, 0])
+    return scores
+
+
+def divergence(base: list[torch.Tensor], other: list[torch.Tensor], tolerance: float) -> dict:
+    """Per-problem mean ``|Δ log p|`` (nats / token; empty outputs left out) summarised: ``median``, ``max`` and
+    ``above`` (problems past ``tolerance``) of ``scored`` problems, and ``per_problem`` (the values, problem order)."""
+    per_problem = [float((a - b).abs().mean()) for a, b in zip(base, other) if len(a)]
+    ordered = sorted(per_problem)
+    return {"scored": len(ordered), "median": ordered[len(ordered) // 2] if ordered else None,
+            "max": ordered[-1] if ordered else None, "above": sum(v > tolerance for v in ordered),
+            "tolerance": tolerance, "per_problem": [round(v, 6) for v in per_problem]}
+
+
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
-        mtp_n: int = 0) -> dict:
-    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity}}`` over ``n``
-    test problems (MTP acceptance of the correct path on the first ``mtp_n``)."""
+        mtp_n: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity,
+    divergence}}`` over ``n`` test problems (MTP acceptance of the correct path on the first ``mtp_n``; divergence:
+    :func:`divergence` of the correct path's greedy tokens scored on both paths)."""
     problems = generate(n, seed)
     base = evaluate(model, tok, problems, mtp_n=mtp_n)
+    base_scores = forced_logprobs(model, tok, problems, base.outputs)
     report: dict = {"n": n, "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
                                         "mtp_n": base.mtp_n}}
     for kind in kinds:
         with injected(model, kind):
             res = evaluate(model, tok, problems)
+            scores = forced_logprobs(model, tok, problems, base.outputs)
         same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
         report[kind] = {"accuracy": res.accuracy, "parity": same,
+                        "divergence": divergence(base_scores, scores, tolerance),
                         "drop_points": {f: round(100 * (base.accuracy[f] - res.accuracy[f]), 1) for f in res.accuracy}}
     return report
 
@@ -60,16 +96,21 @@ def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[
 def main(argv: list[str] | None = None) -> int:
     ap = cli_parser("python -m dsa_route.tiny.arith.sensitivity", __doc__)
     ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
+    ap.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                    help="nats / token: a problem's mean |Δ log p| above it counts (default %(default)s)")
     args = ap.parse_args(argv)
     loaded = cli_load(ap, args)
     if loaded is None:
         return 2
     model, tok = loaded
-    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n)
+    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n, args.tolerance)
     for kind in ("correct", *(args.inject or INJECTIONS)):
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
-        extra = "" if kind == "correct" else (f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %")
+        extra = "" if kind == "correct" else (
+            f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence median "
+            f"{r['divergence']['median']:.4f} nats/token, {r['divergence']['above']}/{r['divergence']['scored']} "
+            f"above {r['divergence']['tolerance']:g}")
         print(f"{kind:24s} {acc}{extra}")
     print(json.dumps(report))
     met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
