@@ -16,7 +16,7 @@ from harness.cli_flags import add_scenario_flags as _add_scenario_flags, compare
 from harness.cli_flags import overrides as _overrides
 from harness.compare import CompareRequest, UsageError, build_plan
 from harness.run.scenario import REPO_ROOT, ScenarioError
-from harness.study.calibrate import add_parser as add_calibrate
+from harness.study.calibrate import add_parser as add_calibrate, cmd_calibrate as calibrate_with
 
 USAGE_ERROR = 2
 
@@ -41,6 +41,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     request = compare_request(args, resume=args.resume, base_urls=urls or None, gate=args.gate,
                               continue_on_error=args.continue_on_error)
     return compare.run(request).exit_code
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``dsa-bench calibrate``: the scenario flags made a request, then :func:`harness.study.calibrate.cmd_calibrate`."""
+    return calibrate_with(args, compare_request(args))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -138,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_flags(calibrate)
     calibrate.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
     calibrate.add_argument("--budget", type=_duration, metavar="TIME", help="each run's budget, e.g. 12m")
+    calibrate.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -225,8 +225,6 @@ def run(request: CompareRequest) -> CompareResult:
         run_dir, stored = None, None
     options = _options(request, plan)
     if stored is None and plan.scenario.cluster.aa_check and request.base_urls is None:
-        from harness.study.calibrate import run_aa_check
-
         options.aa_check = run_aa_check(request)
     if run_dir is None:
         run_dir = new_run_dir(Path(request.out), plan.scenario.name)
@@ -251,6 +249,47 @@ def run(request: CompareRequest) -> CompareResult:
     done = 0 if manifest.status == "done" else 1
     return CompareResult(exit_code=gate_code if request.gate else done, run_dir=run_dir, status=manifest.status,
                          gate_code=gate_code)
+
+
+def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
+    """Dotted scenario overrides that make the candidate arm the baseline arm (``baseline``: its ArmSpec), with
+    ``inject`` on the candidate (None: a plain A/A)."""
+    return {"allow_identical_arms": True, "arms.candidate.route": baseline.route,
+            "arms.candidate.extra_args": list(baseline.extra_args), "arms.candidate.env": dict(baseline.env),
+            "arms.candidate.vllm": baseline.vllm, "arms.candidate.inject": inject,
+            "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
+
+
+def run_aa(request: CompareRequest, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
+    """A gated comparison (:func:`run`) of ``request``'s scenario with the candidate made the baseline arm
+    (:func:`aa_overrides`, ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run
+    directory). The A/A check, ``dsa-bench calibrate`` and the design study run their A/A pairs through it.
+
+    Raises:
+        KeyboardInterrupt: the comparison was interrupted (Ctrl-C, SIGTERM; its exit code 130) — so a caller running
+            several never starts the next one.
+    """
+    from harness.run import machine
+
+    name = request.scenario_name(machine.detect().name)
+    overrides = {**request.overrides, **aa_overrides(load_scenario(name).arms["baseline"], inject), **(extra or {})}
+    aa = request.model_copy(update={"scenario": name, "overrides": overrides, "gate": True, "resume": None,
+                                    "continue_on_error": False, "base_urls": None})
+    result = run(aa)
+    if result.exit_code == INTERRUPTED:
+        raise KeyboardInterrupt(f"interrupted: {result.run_dir}")
+    return result.exit_code, result.run_dir
+
+
+def run_aa_check(request: CompareRequest) -> dict[str, Any]:
+    """``[cluster] aa_check``: before the A/B, an A/A run of the baseline arm on both arms' placements, not swapped
+    (so a node or core-set effect shows instead of cancelling), in its own run directory and gated. Returns the A/B
+    manifest's ``aa_check`` record: ``{run_dir, overall, reason}`` of that run's ``verdict.json``."""
+    from harness.rundir.schema import VERDICT
+
+    _, run_dir = run_aa(request, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
+    verdict = json.loads((run_dir / VERDICT).read_text(encoding="utf-8"))
+    return {"run_dir": str(run_dir), "overall": verdict.get("overall"), "reason": verdict.get("reason")}
 
 
 def conclude(run_dir: Path, console) -> int:

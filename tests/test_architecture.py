@@ -34,6 +34,7 @@ def test_the_contracts_hold():
     ("harness/run/runner.py", "import harness.study.calibrate", "only the CLI and the comparison entry point import"),
     ("harness/study/design_table.py", "import harness.cli", "the study and the comparison entry point never import"),
     ("harness/compare.py", "import harness.cli", "the study and the comparison entry point never import"),
+    ("harness/study/calibrate.py", "import harness.cli_flags", "the study and the comparison entry point take"),
     ("harness/judge/cells.py", "import harness.rundir.store", "judging is pure: it never reads run directories"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.study.calibrate import aa_overrides
+from harness.compare import aa_overrides
 from harness.cli import main
 from harness.judge.calibration import detectable_loss, paired_spread
 from harness.run.scenario import load_scenario
@@ -89,7 +89,6 @@ def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded
     import shutil
 
     from harness import compare, gate
-    from harness.study import calibrate
     from harness.rundir.schema import Manifest
     from harness.rundir.store import RunDir
 
@@ -103,7 +102,7 @@ def test_aa_check_runs_the_baseline_on_both_placements_unswapped_and_is_recorded
         return compare.CompareResult(exit_code=0, run_dir=run_dir)
 
     monkeypatch.setattr(compare, "run", fake_compare)
-    record = calibrate.run_aa_check(compare.CompareRequest(scenario="cpu-tiny-dsa"))
+    record = compare.run_aa_check(compare.CompareRequest(scenario="cpu-tiny-dsa"))
     assert seen["cluster.swap_nodes"] is False and seen["cluster.aa_check"] is False
     assert seen["arms.candidate.route"] == load_scenario("cpu-tiny-dsa").arms["baseline"].route
     assert record == {"run_dir": str(run_dir), "overall": str(aa_overall), "reason": record["reason"]}

@@ -131,18 +131,14 @@ CORRECT = Defect(DefectSpec(harmful=False, cites="the correct path"))
 
 
 def install(model: nn.Module, kind: str | None) -> Defect:
-    """Switch catalogue defect ``kind`` (:data:`dsa_route.inject.DEFECTS`) on for every attention, indexer and MTP
-    layer of ``model``; ``None`` restores the correct path. Returns the installed :class:`Defect`. Raises ValueError
-    for a kind not in the catalogue."""
-    from .attention import DsaAttention
-    from .indexer import Indexer
-    from .mtp import MTPLayer
-
+    """Switch catalogue defect ``kind`` (:data:`dsa_route.inject.DEFECTS`) on for every hooked module of ``model``
+    (each class whose ``defect`` attribute is a :class:`Defect`: attention, indexer, MTP layer); ``None`` restores the
+    correct path. Returns the installed :class:`Defect`. Raises ValueError for a kind not in the catalogue."""
     if kind is not None and kind not in DEFECTS:
         raise ValueError(f"inject: {kind!r} is not a catalogue defect; use one of {', '.join(DEFECTS)}")
     defect = CORRECT if kind is None else Defect(DEFECTS[kind])
     for module in model.modules():
-        if isinstance(module, (DsaAttention, Indexer, MTPLayer)):
+        if isinstance(getattr(type(module), "defect", None), Defect):
             if kind is None:
                 module.__dict__.pop("defect", None)
             else:

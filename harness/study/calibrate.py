@@ -30,15 +30,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.compare import INTERRUPTED, CompareRequest, UsageError
+from harness.compare import INTERRUPTED, CompareRequest, UsageError, aa_overrides, run_aa
 
-__all__ = ["add_parser", "cmd_calibrate", "aa_overrides", "run_aa", "run_aa_check"]
+__all__ = ["add_parser", "cmd_calibrate"]
 
 DEFAULT_SLOWDOWN = "step-delay:2"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    """The ``calibrate`` subcommand (the scenario flags and ``--out``/``--budget`` are added by the CLI)."""
+    """The ``calibrate`` subcommand (the scenario flags, ``--out``/``--budget`` and the command itself, which calls
+    :func:`cmd_calibrate` with the request the flags make, are added by the CLI)."""
     parser = sub.add_parser("calibrate", allow_abbrev=False,
                             help="A/A run + known injected slowdown: false alarm?, caught?, spread, detectable loss")
     parser.add_argument("--slowdown", default=DEFAULT_SLOWDOWN, metavar="KIND",
@@ -48,48 +49,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                              "slowdown run")
     parser.add_argument("--aa-runs", type=int, default=1, metavar="N",
                         help="A/A runs before the slowdown run (default 1); the false alarms are counted over them")
-    parser.set_defaults(func=cmd_calibrate)
     return parser
-
-
-def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:
-    """Dotted scenario overrides that make the candidate arm the baseline arm (``baseline``: its ArmSpec), with
-    ``inject`` on the candidate (None: a plain A/A)."""
-    return {"allow_identical_arms": True, "arms.candidate.route": baseline.route,
-            "arms.candidate.extra_args": list(baseline.extra_args), "arms.candidate.env": dict(baseline.env),
-            "arms.candidate.vllm": baseline.vllm, "arms.candidate.inject": inject,
-            "arms.candidate.description": f"A/A copy of the baseline arm{f' with inject {inject}' if inject else ''}"}
-
-
-def run_aa(request: CompareRequest, inject: str | None, extra: dict[str, Any] | None = None) -> tuple[int, Path]:
-    """A gated comparison of ``request``'s scenario with the candidate made the baseline arm (:func:`aa_overrides`,
-    ``inject`` on the candidate) and ``extra`` dotted overrides on top: (its exit code, its run directory).
-
-    Raises:
-        KeyboardInterrupt: the comparison was interrupted (Ctrl-C, SIGTERM; its exit code 130) — so a caller running
-            several never starts the next one.
-    """
-    from harness import compare
-    from harness.run import machine
-    from harness.run.scenario import load_scenario
-
-    name = request.scenario_name(machine.detect().name)
-    overrides = {**request.overrides, **aa_overrides(load_scenario(name).arms["baseline"], inject), **(extra or {})}
-    aa = request.model_copy(update={"scenario": name, "overrides": overrides, "gate": True, "resume": None,
-                                    "continue_on_error": False, "base_urls": None})
-    result = compare.run(aa)
-    if result.exit_code == INTERRUPTED:
-        raise KeyboardInterrupt(f"interrupted: {result.run_dir}")
-    return result.exit_code, result.run_dir
-
-
-def run_aa_check(request: CompareRequest) -> dict[str, Any]:
-    """``[cluster] aa_check``: before the A/B, an A/A run of the baseline arm on both arms' placements, not swapped
-    (so a node or core-set effect shows instead of cancelling), in its own run directory and gated. Returns the A/B
-    manifest's ``aa_check`` record."""
-    _, run_dir = run_aa(request, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
-    figures = _figures(run_dir)
-    return {"run_dir": figures["run_dir"], "overall": figures["overall"], "reason": figures["reason"]}
 
 
 def _figures(run_dir: Path) -> dict[str, Any]:
@@ -146,11 +106,11 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
         print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}")
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Run the A/A and the slowdown comparisons of ``args`` (the parsed ``calibrate`` command line), print and
-    store what they show."""
+def cmd_calibrate(args: argparse.Namespace, request: CompareRequest) -> int:
+    """Run the A/A and the slowdown (or defect) comparisons of ``request`` (what the CLI made of the scenario flags)
+    with ``args``' calibrate options (``slowdown``, ``defects``, ``aa_runs``, ``out``), print and store what they
+    show."""
     from dsa_route.inject import parse_injection
-    from harness.cli_flags import compare_request
 
     if args.inject_candidate:
         raise UsageError("calibrate sets the candidate's injection itself: drop --inject-candidate (use --slowdown)")
@@ -160,7 +120,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--slowdown: {error}") from None
     if args.aa_runs < 1:
         raise UsageError(f"--aa-runs must be ≥ 1, not {args.aa_runs}")
-    request = compare_request(args)
     defects, skipped = _checked_defects(request, args.defects) if args.defects else ((), {})
     try:
         aa_runs = [_figures(run_aa(request, None)[1]) for _ in range(args.aa_runs)]

@@ -2,7 +2,7 @@
 
 ``python -m harness.study.design_study run --designs NAME,... --blocks K [--out results/design-study/]`` runs each named
 design of the design file (:mod:`harness.study.design_file`, default ``scenarios/design-study/cpu.toml``) as a real A/A
-``dsa-bench compare`` (the candidate a copy of the baseline arm, :func:`harness.study.calibrate.aa_overrides`; K session
+``dsa-bench compare`` (the candidate a copy of the baseline arm, :func:`harness.compare.aa_overrides`; K session
 blocks, GSM8K off, gated), one after the other, into ``<out>/runs/``; each run directory gets ``design.json`` (the
 design, its overrides, the host's load average before and after, transparent-huge-page settings). Then it analyzes
 them as ``analyze`` does.
@@ -57,7 +57,7 @@ def compare_request(scenario: str, blocks: int, out: Path) -> CompareRequest:
 def run_designs(designs: list[Design], scenario: str, blocks: int, out: Path) -> list[Path]:
     """Run each design as a gated A/A compare into ``out/runs``; returns the run directories made (a Ctrl-C stops
     after the finished ones)."""
-    from harness.study.calibrate import run_aa
+    from harness.compare import run_aa
 
     made = []
     for design in designs:

@@ -1,7 +1,7 @@
 """The kill matrix of ``dsa-bench calibrate --defects``: which gated cells each catalogue defect FAILs.
 
 Per defect of :data:`dsa_route.inject.DEFECTS` (12 harmful, 2 harmless) one gated A/A comparison runs with the
-defect injected into the candidate only (:func:`harness.study.calibrate.run_aa`); its ``verdict.json`` is read here.
+defect injected into the candidate only (:func:`harness.compare.run_aa`); its ``verdict.json`` is read here.
 A row's ``outcome`` is what the defect's ``harmful`` flag makes of the verdict:
 
 ==========  ================  =====================
