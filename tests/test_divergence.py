@@ -12,6 +12,7 @@ from harness.judge import divergence
 from harness.study import divergence_simulation
 from harness.judge import token_compare
 from harness.run import scoring
+from harness.judge.policy import GatePolicy
 from harness.rundir.schema import Status
 
 
@@ -54,13 +55,13 @@ def test_sign_test_is_the_binomial_tail():
     assert divergence.sign_test(6, 1) == pytest.approx(8 / 128)
 
 
-def _rows(n, shift=(), length=10, seed=0):
-    """Scoring rows of ``n`` prompts; prompts in ``shift`` get their forced logprobs moved by 0.5 nats."""
+def _rows(n, shift=(), length=10, seed=0, by=0.5):
+    """Scoring rows of ``n`` prompts; prompts in ``shift`` get their forced logprobs moved by ``by`` nats."""
     rng = np.random.default_rng(seed)
     rows = []
     for index in range(n):
         lps = [float(v) for v in -rng.uniform(0, 2, length)]
-        delta = 0.5 if index in shift else 0.0
+        delta = by if index in shift else 0.0
         rows.append({"index": index, "logprobs": [v - delta for v in lps],
                      "top": [[[index, v - delta], [999, v - 3]] for v in lps]})
     return rows
@@ -74,6 +75,20 @@ def test_divergence_cell_fails_a_shift_passes_an_identical_arm_and_is_invalid_on
     assert divergence.divergence_cell(ref, _rows(32), [_rows(32)], 0.05).status == Status.PASS
     unstable = divergence.divergence_cell(ref, _rows(32, shift=range(10)), [_rows(32, shift=range(8))], 0.05)
     assert unstable.status == Status.INVALID and "unstable" in unstable.reasons[0]
+
+
+def test_the_tie_band_is_the_policys_token_tolerance():
+    """A quiet defect moving 12 prompts by 0.005 nats/token (the catalogue's visibility off-by-one is of that size)
+    FAILs at the default band (0.002) and passes a scenario that sets ``token_tolerance = 0.01``; the harmless
+    compile-off change's largest per-prompt mean (0.00096, recorded) is a tie at the default."""
+    ref, quiet = _rows(32), _rows(32, shift=range(12), by=0.005)
+    assert divergence.TOKEN_TOLERANCE == GatePolicy().token_tolerance
+    cells = divergence.judge({"baseline": ref, "candidate": quiet, "baseline-2": _rows(32)}, {}, 0.05)
+    assert cells[0].status == Status.FAIL and cells[0].exceed == 12
+    loose = divergence.judge({"baseline": ref, "candidate": quiet, "baseline-2": _rows(32)}, {}, 0.05, 0.01)
+    assert loose[0].status == Status.PASS and loose[0].ties == 32
+    harmless = divergence.divergence_cell(ref, _rows(32, shift=range(32), by=0.00096), [_rows(32)], 0.05)
+    assert harmless.status == Status.PASS and harmless.exceed == 0
 
 
 def _greedy(n, diverge=(), at=3):
@@ -106,7 +121,6 @@ from pathlib import Path
 
 from harness import gate
 from harness.render import render_report
-from harness.judge.policy import GatePolicy
 from harness.run import arm_checks
 from harness.run.scenario import ParitySpec
 

@@ -29,6 +29,7 @@ compositions), so without a floor any numerical change — a compiled vs an eage
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -40,12 +41,22 @@ from harness.rundir.schema import Status
 
 FAMILY = "correctness"
 CELLS = ("token_divergence", "parity")
-TOKEN_TOLERANCE = 0.01
-"""Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie. One bf16 rounding step of a logit near
-10 is ≈ 0.04 nats (8 significant bits, 2⁻⁸ relative; parity's ``DEFAULT_NEAR_TIE_TOL`` is the per-token tie
-of 0.05); the floor allows such a step at a quarter of a prompt's positions. Recorded on the default
-(``scoring-aa/``): the harmless candidate (CompilationMode.NONE vs VLLM_COMPILE) reaches 0.00096 at most (max per
-token 0.045, no arg-max flip); the ``indexer-rope-flip`` injection 0.13–1.66 on every prompt."""
+TOKEN_TOLERANCE = 0.002
+"""Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie (the default of the policy's
+``token_tolerance``). Derived from the recordings, not assumed:
+
+- the **harmless** candidate of the default (CompilationMode.NONE vs VLLM_COMPILE, ``scoring-aa/``, two sessions ×
+  32 prompts against three baseline sessions) is a fixed numerical difference: per prompt median 0.00012, 90th
+  percentile 0.00058, max 0.00096 (per token max 0.045, no arg-max flip). The floor is twice its max, so that
+  change has no prompt beyond it (another CPU's vector code may round differently: the factor 2 is its room), and
+  the sign test FAILs only from 6 of 32 prompts on;
+- the **catalogue defects** (``results/defects/README.md``, the reference model on the committed checkpoint): at
+  0.002, 13–22 of the first 32 test problems exceed for the quiet defects that change 11–28 % of greedy answers
+  while accuracy moves < 2 points (``softmax-scale-small``, ``visibility-off-by-one``, ``index-topk-half``); at the
+  former 0.01 (one bf16 rounding step of a logit near 10 at a quarter of the positions) they had 3–11, so two of
+  them passed. ``topk-lost-key`` and ``indexer-fp8-scale-floor`` (median 0.0003, at the harmless change's own level)
+  and ``stale-index-key`` (decode only: 0 under teacher forcing) stay below any floor that passes the harmless
+  change."""
 
 
 @dataclass
@@ -228,13 +239,15 @@ AA_LABELS = ("baseline-one", "baseline-2")
 
 
 def judge(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
-          alpha: float) -> list[CorrectnessCell]:
+          alpha: float, tolerance: float = TOKEN_TOLERANCE) -> list[CorrectnessCell]:
     """Both cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and ``greedy``
-    keyed by :data:`SCORINGS` labels. An A/A label may be missing (a run of one session has no ``baseline-2``: the
+    keyed by :data:`SCORINGS` labels; ``tolerance``: the divergence cell's tie band (nats / token). An A/A label may be missing (a run of one session has no ``baseline-2``: the
     envelope is then the batch composition alone, and a note says so); a missing reference or candidate, or no A/A
     at all, makes the cell INVALID with the file to fix."""
     cells = []
-    for name, data, build in (("token_divergence", scorings, divergence_cell), ("parity", greedy, parity_cell)):
+    builders = (("token_divergence", scorings, functools.partial(divergence_cell, tolerance=tolerance)),
+                ("parity", greedy, parity_cell))
+    for name, data, build in builders:
         folder = "scoring" if name == "token_divergence" else "parity"
         missing = [f"{folder}/{label}.json" for label in ("baseline", "candidate") if data.get(label) is None]
         aa = [data[label] for label in AA_LABELS if data.get(label) is not None]

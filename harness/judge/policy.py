@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, MTP_POSITIONS, Metric
+from harness.judge.divergence import TOKEN_TOLERANCE
 from harness.judge.stalls import Estimator
 from harness.rundir.schema import SEVERITY, Status
 
@@ -95,6 +96,10 @@ class GatePolicy(BaseModel):
     cloud rule of thumb for a guest slowed by its neighbours (IBM, "CPU steal time": sustained steal above 10 % means
     the VM runs slower than it should); it is also over three times the 3 % throughput margin, so steal alone could
     decide a cell."""
+    token_tolerance: float = Field(TOKEN_TOLERANCE, gt=0.0, le=1.0)
+    """Nats per token: the per-prompt mean ``|Δ log p|`` beyond the A/A envelope that the ``token_divergence`` cell
+    counts (below it a prompt is a tie; :data:`harness.judge.divergence.TOKEN_TOLERANCE`, where the default is
+    derived). A scenario whose harmless change moves the numerics more (another kernel library) raises it."""
     require_attestation: bool = True
     """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
     whose path cannot be observed (``dsa-bench import``, servers started by other tooling); PASS then rests on the

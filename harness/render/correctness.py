@@ -40,3 +40,11 @@ def correctness_section(verdict: Any) -> list[dict[str, Any]] | None:
     if not cells:
         return None
     return [{**cell, "plot": divergence_plot(cell.get("cdf") or {})} for cell in cells]
+
+
+def tie_band(verdict: Any) -> str:
+    """The divergence cell's tie band as the report states it: ``"0.002 nats/token"`` from the verdict's policy
+    (``policy_fields.token_tolerance``), or ``"the policy's token_tolerance"`` when the verdict predates the field."""
+    fields = verdict.get("policy_fields") if isinstance(verdict, Mapping) else None
+    value = fields.get("token_tolerance") if isinstance(fields, Mapping) else None
+    return f"{value:g} nats/token" if isinstance(value, (int, float)) else "the policy's token_tolerance"

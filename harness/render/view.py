@@ -25,7 +25,7 @@ from harness.render.levels import LevelView, build_levels
 from harness.render.metrics_table import ARMS, BASELINE, CANDIDATE, METRICS
 from harness.render.sections import load_sections
 from harness.render.startup import startup_section
-from harness.render.correctness import correctness_section
+from harness.render.correctness import correctness_section, tie_band
 from harness.render.text import show
 from harness.rundir import store as records
 from harness.rundir.schema import Manifest
@@ -236,6 +236,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "answer": first_screen(store, manifest, given.get("verdict"), level_views, designs),
         "startup": startup_section(manifest),
         "correctness": correctness_section(given.get("verdict")),
+        "token_tie_band": tie_band(given.get("verdict")),
         "designs": designs,
         "files": store.listing(),
         "metrics": METRICS,
