@@ -243,7 +243,9 @@ class ParitySpec(_Frozen):
 
 
 def gates_tokens(load_format: str, gated: bool) -> bool:
-    """Whether a run collects the scorings and gates the correctness cells (:attr:`ParitySpec.gated`)."""
+    """Whether a run collects the scorings and gates the correctness cells (:attr:`ParitySpec.gated`). Never on
+    dummy weights: vLLM seeds every tensor alike (uniform ±1e-3, ``weight_utils.py:1588``), so attention is nearly
+    uniform and a DSA defect hardly moves the tokens (``results/defects/README.md``)."""
     return gated and load_format != "dummy"
 
 
