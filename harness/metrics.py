@@ -162,6 +162,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            formula="Δ vllm:generation_tokens_total / Δ vllm:iteration_tokens_total_count = requests decoded per "
                    "step × tokens per request-step (1 without MTP, ≈ the MTP acceptance length with it)",
            abbrev="tok/step"),
+    Metric("engine_cpu_ms_per_token", "Engine CPU time per output token", "ms", False, "level", 3.0,
+           "engine_cpu_ms_per_token", short="engine CPU time / output tokens (server processes)",
+           formula="Δ (user + system CPU time) of the vLLM engine processes (VLLM::EngineCore and its workers, "
+                   "/proc/<pid>/stat) over the level / its output tokens: the work per token, not the wall time, so a "
+                   "core taken by another process lengthens the level but not this",
+           abbrev="cpu/tok"),
     Metric("acceptance_length", "MTP acceptance length", "tokens", True, "spec", -2.0, "acceptance_length",
            formula="1 + accepted draft tokens / drafts over the measured window", abbrev="acc len"),
     Metric("acceptance_rate", "MTP acceptance rate", "", True, "spec", -2.0, "acceptance_rate",
@@ -182,7 +188,12 @@ SERVER_SIDE: tuple[str, ...] = ("engine_steps_per_s", "tokens_per_step", "server
                                 "server_mean_itl_ms", "server_mean_e2el_ms")
 """The metrics read from the server's ``/metrics`` (empty in run directories recorded without the captures)."""
 
-REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step", "total_token_throughput",
+OPTIONAL_COLUMNS: tuple[str, ...] = (*SERVER_SIDE, "engine_cpu_ms_per_token")
+"""Level metrics whose column may be empty — the server-side figures, and the engine's CPU time per token (not read
+for remote servers or in older run directories): shown and judged only where recorded."""
+
+REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step", "engine_cpu_ms_per_token",
+                                 "total_token_throughput",
                                  "request_throughput", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
                                  "p99_ttft_ms", "mean_tpot_ms", "server_mean_tpot_ms", "median_tpot_ms",
                                  "p99_tpot_ms", "mean_itl_ms", "server_mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",

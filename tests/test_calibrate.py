@@ -243,3 +243,23 @@ def test_a_missed_defect_or_a_harmless_fail_fails_the_calibration(tmp_path, monk
     (written,) = tmp_path.glob("calibration-*.json")
     outcomes = [row["outcome"] for row in json.loads(written.read_text())["kill_matrix"]]
     assert outcomes == ["caught", "missed", "false alarm"] and code == 1
+
+
+def test_calibration_figures_set_the_engine_cpu_spread_beside_the_throughput_spread(tmp_path):
+    """With ``engine_cpu_ms_per_token`` recorded, each level's figures carry its paired session sd too (is the
+    contention-robust cost less noisy?); a run without the column has none."""
+    import shutil
+
+    from harness import gate
+    from harness.study import calibrate
+
+    run_dir = tmp_path / "run"
+    shutil.copytree("tests/fixtures/compare_run", run_dir)
+    gate.run_gate(run_dir)
+    assert all("engine_cpu_sd" not in row for row in calibrate._figures(run_dir)["spread"])
+    levels = pd.read_csv(run_dir / "levels.csv")
+    rng = np.random.default_rng(0)
+    levels["engine_cpu_ms_per_token"] = 5.0 * np.exp(rng.normal(0, 0.01, len(levels)))
+    levels.to_csv(run_dir / "levels.csv", index=False)
+    spread = calibrate._figures(run_dir)["spread"]
+    assert spread and all(0 < row["engine_cpu_sd"] < 0.05 for row in spread if row["pairs"] >= 2)

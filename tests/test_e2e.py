@@ -30,6 +30,8 @@ def test_run_dir_has_both_arms_with_throughput(run_dir):
     assert sorted(levels["concurrency"].unique()) == [1, 4] and sorted(levels["round"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
     assert (levels["completed"] == 8).all()
+    # the engine's own CPU time per output token (VLLM::EngineCore and its worker): a few ms per token on 2 cores
+    assert levels["engine_cpu_ms_per_token"].between(0.1, 1000).all()
     requests = pd.read_csv(run_dir / schema.REQUESTS)
     assert len(requests) == 8 * 8 and requests["tpot_ms"].notna().all()
     assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 8

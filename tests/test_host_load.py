@@ -56,3 +56,55 @@ def test_loadavg_one_minute():
     assert parse_loadavg("1.52 0.98 0.61 3/412 12345\n") == 1.52
     with pytest.raises(ValueError, match="/proc/loadavg"):
         parse_loadavg("")
+
+
+@pytest.mark.parametrize("before,after,tokens,expected", [
+    (10.0, 10.5, 250, 2.0), (10.0, 10.5, "250", 2.0), (None, 10.5, 250, None), (10.0, None, 250, None),
+    (10.0, 10.5, 0, None), (10.0, 10.5, None, None), (10.5, 10.0, 250, None),
+])
+def test_engine_cpu_per_token(before, after, tokens, expected):
+    from harness.run.host_load import cpu_ms_per_token
+
+    assert cpu_ms_per_token(before, after, tokens) == expected
+
+
+ENGINE = """
+import setproctitle, subprocess, sys, time
+setproctitle.setproctitle("VLLM::EngineCore")
+worker = subprocess.Popen([sys.executable, "-c", "import time\\nend = time.process_time() + 0.6\\n"
+                           "while time.process_time() < end: pass\\ntime.sleep(60)"])
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_engine_cpu_seconds_reads_the_engine_and_its_worker_not_the_api_server():
+    """A stand-in server tree: an API-server process (this test's child) busy for 1 s, under it a process titled
+    ``VLLM::EngineCore`` (as vLLM names it) busy for 0.3 s with a worker busy for 0.6 s."""
+    import subprocess
+    import sys
+    import time
+
+    from harness.run import procs
+
+    server = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
+                               f"engine = subprocess.Popen([sys.executable, '-c', {ENGINE!r}])\n"
+                               "end = time.process_time() + 1.0\nwhile time.process_time() < end: pass\n"
+                               "print('api ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        seconds = None
+        while time.monotonic() < deadline:
+            seconds = procs.engine_cpu_seconds(server.pid)
+            if seconds is not None and seconds >= 0.85:
+                break
+            time.sleep(0.2)
+        assert seconds is not None and 0.85 <= seconds < 1.6          # engine 0.3 + worker 0.6, not the API's 1.0
+    finally:
+        for member in reversed(procs._tree(server.pid)):
+            member.kill()
+        server.wait()
+    assert procs.engine_cpu_seconds(server.pid) is None             # gone: no reading

@@ -20,7 +20,7 @@ from harness.rundir import schema
 from harness.rundir import store as records
 from harness.render import render_report
 from harness.render.html import render_html
-from harness.metrics import SERVER_SIDE
+from harness.metrics import OPTIONAL_COLUMNS
 from harness.render.metrics_table import METRICS, delta_class, delta_pct, fmt_delta, fmt_value, summarize
 from harness.render.view import build_context
 
@@ -155,9 +155,9 @@ def test_level_tables_hold_the_fixture_numbers_and_deltas(rendered):
     page = parse(html)
     assert page.level_tables == set(LEVELS)
     values = level_values()
-    client = [m for m in METRICS if m.name not in SERVER_SIDE]
+    client = [m for m in METRICS if m.name not in OPTIONAL_COLUMNS]
     # the fixture predates the /metrics captures: no empty server rows
-    assert not [key for key in page.cells if key[1] in SERVER_SIDE]
+    assert not [key for key in page.cells if key[1] in OPTIONAL_COLUMNS]
     for concurrency in LEVELS:
         for metric in client:
             base = float(values[("baseline", concurrency)][metric.name])
@@ -375,7 +375,7 @@ def test_headless_chromium_loads_page_tables_and_decoded_images(rendered, tmp_pa
     assert match, f"probe missing from the dumped DOM (rc {result.returncode}): {result.stderr[-2000:]}"
     probe = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert probe["tables"] == len(LEVELS)
-    assert probe["rows"] == len(LEVELS) * len([m for m in METRICS if m.name not in SERVER_SIDE])   # no /metrics data
+    assert probe["rows"] == len(LEVELS) * len([m for m in METRICS if m.name not in OPTIONAL_COLUMNS])   # no /metrics data
     assert probe["title"].startswith("dsa-bench report")
     assert len(probe["images"]) == 3
     for image in probe["images"]:

@@ -148,8 +148,9 @@ def test_injections_change_selection_and_restore(tok):
     with sensitivity.injected(model, "topk-random"):
         assert not torch.allclose(model.forward(ids), base)
     with sensitivity.injected(model, "indexer-rope-flip"):
-        assert model.decoder_layers[0].self_attn.indexer.interleaved_rope
+        assert model.decoder_layers[0].self_attn.indexer.defect.spec.rope_flip_k
         assert not torch.allclose(model.forward(ids), base)
+    assert model.decoder_layers[0].self_attn.indexer.defect.spec.rope_flip_k is False
     torch.testing.assert_close(model.forward(ids), base, atol=0, rtol=0)
     with pytest.raises(ValueError, match="inject"):
         with sensitivity.injected(model, "nope"):

@@ -12,7 +12,7 @@ from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
 from harness.judge.stalls import location_rounds
 from harness.judge.validity import ValidityReport
-from harness.metrics import SERVER_SIDE, succeeded
+from harness.metrics import OPTIONAL_COLUMNS, SERVER_SIDE, succeeded
 from harness.rundir.schema import Manifest
 from harness.metrics import finite_float
 
@@ -105,7 +105,7 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
 
 
 def _has_data(spec: Metric, levels) -> bool:
-    """False for an MTP metric without MTP columns (a draft position the run never drafted: likewise) and a server-side metric without its column's values (a run
+    """False for an MTP metric without MTP columns (a draft position the run never drafted: likewise) and an optional metric (server-side, engine CPU) without its column's values (a run
     recorded without ``/metrics`` captures): a diagnostic cell is then left out rather than shown INVALID."""
     if spec.column == "acceptance_per_pos":
         position = int(spec.name.rsplit("_", 1)[1])
@@ -113,7 +113,7 @@ def _has_data(spec: Metric, levels) -> bool:
             _position_rate({"acceptance_per_pos": v}, position) is not None for v in levels["acceptance_per_pos"])
     if spec.source == "spec":
         return _has_spec_data(levels)
-    if spec.name in SERVER_SIDE:
+    if spec.name in OPTIONAL_COLUMNS:
         return spec.column in levels.columns and levels[spec.column].notna().any()
     return True
 
@@ -130,13 +130,14 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
     if level not in validity.levels:
         reasons.append(f"level {level} is not in this run")
     reasons += validity.level_reasons(level)
-    if spec.unit == "ms" and spec.name not in SERVER_SIDE:   # the engine's own timestamps see no client-side burst
+    if spec.unit == "ms" and spec.name not in OPTIONAL_COLUMNS:   # the engine's own figures see no client-side burst
         reasons += validity.level_latency_reasons(level)
     if spec.source in ("level", "request"):
         reasons += validity.performance_reasons
-    if spec.name in SERVER_SIDE and not _has_data(spec, levels):
-        reasons.append(f"levels.csv has no {spec.column} values: the run was recorded without the server's /metrics "
-                       f"captures (older dsa-bench, imported results); drop {spec.name!r} from [gate].primary")
+    if spec.name in OPTIONAL_COLUMNS and not _has_data(spec, levels):
+        source = "the server's /metrics captures" if spec.name in SERVER_SIDE else "the engine's CPU time (/proc)"
+        reasons.append(f"levels.csv has no {spec.column} values: the run was recorded without {source} (older "
+                       f"dsa-bench, imported results, remote servers); drop {spec.name!r} from [gate].primary")
     if spec.source == "spec" and not _has_spec_data(levels):
         reasons.append("levels.csv has no MTP columns (acceptance_length, spec_drafts …): MTP was off or not "
                        f"recorded; with MTP off, drop {spec.name!r} from [gate].primary")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.metrics import SERVER_SIDE, achieved_concurrency, succeeded
+from harness.metrics import OPTIONAL_COLUMNS, achieved_concurrency, succeeded
 from harness.render.metrics_table import (
     ARMS,
     BASELINE,
@@ -149,12 +149,12 @@ def _achieved(reqs) -> Summary:
 
 
 def _shown_metrics(levels) -> tuple[Metric, ...]:
-    """The per-level table's metrics: every client metric, and the server-side ones (:data:`SERVER_SIDE`) only when
+    """The per-level table's metrics: every client metric, and the optional ones (:data:`OPTIONAL_COLUMNS`: server-side, engine CPU) only when
     ``levels.csv`` has a value for them (a run recorded without ``/metrics`` captures shows no empty server rows)."""
     def has_data(name: str) -> bool:
         return name in levels.columns and levels[name].notna().any()
 
-    return tuple(m for m in METRICS if m.name not in SERVER_SIDE or has_data(m.name))
+    return tuple(m for m in METRICS if m.name not in OPTIONAL_COLUMNS or has_data(m.name))
 
 
 def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:

@@ -1,5 +1,6 @@
 """What else the host did while a level ran: the CPU steal share over the level's window (``/proc/stat``) and the
-1-minute load average at its end (``/proc/loadavg``).
+1-minute load average at its end (``/proc/loadavg``); and what the engine itself spent, its CPU time per output token
+(:func:`cpu_ms_per_token`).
 
 Steal time is time a virtual CPU wanted to run while the hypervisor ran another guest (proc(5): the 8th value of
 a ``cpu`` line, "stolen time, which is the time spent in other operating systems when running in a virtualized
@@ -12,7 +13,9 @@ return None where they do not exist (not Linux).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from harness.metrics import finite_float
 
 PROC_STAT = Path("/proc/stat")
 PROC_LOADAVG = Path("/proc/loadavg")
@@ -85,3 +88,14 @@ def read_load_1m(path: Path = PROC_LOADAVG) -> float | None:
         return parse_loadavg(path.read_text(encoding="ascii", errors="replace"))
     except (OSError, ValueError):
         return None
+
+
+def cpu_ms_per_token(before_s: float | None, after_s: float | None, output_tokens: Any) -> float | None:
+    """Milliseconds of engine CPU time per output token over a level: ``(after_s − before_s) · 1000 / output_tokens``
+    (``vllm bench serve``'s ``total_output_tokens``; the CPU time also covers the level's warm-up requests, ≤ 1 in
+    16 of the default's). A cost that contention barely moves: time the engine waits for a core is not CPU time.
+    None when a reading is missing, the clock went back (another engine process) or no token was counted."""
+    tokens = finite_float(output_tokens)
+    if before_s is None or after_s is None or not tokens or tokens <= 0 or after_s < before_s:
+        return None
+    return round(1000.0 * (after_s - before_s) / tokens, 4)

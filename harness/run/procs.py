@@ -114,6 +114,51 @@ def _tree(pid: int) -> list:
         return []
 
 
+ENGINE_TITLE = "VLLM::EngineCor"
+"""The start of the vLLM engine process's name: ``set_process_title("EngineCore")`` gives ``VLLM::EngineCore``
+(``vllm/v1/engine/core.py:1410``, ``vllm/utils/system_utils.py:180``; ``_DP<rank>`` with data parallelism), which the
+kernel's 15-character ``comm`` cuts to this."""
+
+
+def engine_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds so far of the vLLM engine under server process ``pid``: every process of its tree
+    named :data:`ENGINE_TITLE`… plus its descendants (the ``VLLM::Worker`` that runs the model), the API server left
+    out (proc(5) ``utime``/``stime``, via psutil). None when no engine process is found (not started yet, gone, or a
+    vLLM without process titles). Processes that exit while being read are skipped."""
+    import psutil
+
+    engines = []
+    for member in _tree(pid):
+        try:
+            if member.name().startswith(ENGINE_TITLE):
+                engines.append(member)
+        except psutil.Error:
+            continue
+    if not engines:
+        return None
+    seen, total = set(), 0.0
+    for engine in engines:
+        for member in [engine, *_descendants(engine)]:
+            if member.pid in seen:
+                continue
+            seen.add(member.pid)
+            try:
+                times = member.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+    return total
+
+
+def _descendants(process) -> list:
+    import psutil
+
+    try:
+        return process.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory (bytes) of process ``pid`` and all its descendants now (psutil); 0 when it is gone.
     Processes that exit while being read are skipped."""

@@ -299,10 +299,11 @@ class Runner:
         def tick() -> None:
             progress.update(task, completed=max(0.0, request_successes(server) - before))
 
-        cpu_before = host_load.read_cpu_times()
+        cpu_before, engine_before = host_load.read_cpu_times(), _engine_cpu_s(server)
         reply = (server.load_client or client).run(argv, self.store.log_path(f"{arm.name}-bench.log"),
                            self.plan.scenario.workload.level_timeout_s, on_tick=tick)
         steal = host_load.steal_share(cpu_before, host_load.read_cpu_times())
+        engine_after = _engine_cpu_s(server)
         self.timing["benchmark_s"] += reply.get("wall_s", 0.0)
         if not reply["ok"]:
             raise LevelError(f"benchmark failed: {reply['error']}")
@@ -320,6 +321,8 @@ class Runner:
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
         level_row["load_avg_1m"] = host_load.read_load_1m()
+        level_row["engine_cpu_ms_per_token"] = host_load.cpu_ms_per_token(engine_before, engine_after,
+                                                                          bench.get("total_output_tokens"))
         self.store.append_requests(request_rows)
         self.store.append_levels([level_row])
         progress.update(task, completed=total)
@@ -458,3 +461,9 @@ class Runner:
             self.writer.finish(self.timing, time.monotonic() - started, status)
             self._save()
 
+
+def _engine_cpu_s(server: VllmServer | RemoteServer) -> float | None:
+    """CPU seconds so far of a local server's engine (:func:`harness.run.procs.engine_cpu_seconds`); None for a
+    remote one (its ``/proc`` is on another node)."""
+    proc = getattr(server, "proc", None)
+    return procs.engine_cpu_seconds(proc.pid) if proc is not None else None

@@ -11,7 +11,9 @@ class LevelRow(_Record):
     ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds; ``max_concurrent_requests`` is vLLM's.
     ``host_steal_fraction`` = stolen / all CPU ticks of the host between the level's start and end (0..1) and
     ``load_avg_1m`` the 1-minute load average at its end (harness.run.host_load; empty in older run directories and
-    where ``/proc`` is absent).
+    where ``/proc`` is absent). ``engine_cpu_ms_per_token`` = the vLLM engine processes' (EngineCore and its workers)
+    user + system CPU milliseconds over the level / its output tokens (harness.run.host_load; empty for remote
+    servers and older run directories).
     MTP columns (empty with MTP off): drafts, draft tokens, accepted tokens (counts over the measured window);
     ``acceptance_rate`` = accepted / draft tokens (0..1); ``acceptance_length`` = 1 + accepted / drafts;
     ``acceptance_per_pos`` = per-position rates, ``;``-joined.
@@ -46,6 +48,7 @@ class LevelRow(_Record):
     client_cpu_util: float | None = None
     host_steal_fraction: float | None = None   # stolen / all CPU ticks of the host over the level (/proc/stat)
     load_avg_1m: float | None = None            # the host's 1-minute load average at the level's end (/proc/loadavg)
+    engine_cpu_ms_per_token: float | None = None  # the engine's user + system CPU ms / output token over the level
     server_mean_ttft_ms: float | None = None
     server_mean_tpot_ms: float | None = None
     server_mean_itl_ms: float | None = None

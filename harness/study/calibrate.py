@@ -73,6 +73,12 @@ def _figures(run_dir: Path) -> dict[str, Any]:
             entry["detectable_loss_pct"] = detectable_loss(row.sd, row.pairs, margin, level)
             entry["detectable_loss_pct_upper"] = detectable_loss(row.upper, row.pairs, margin, level)
         spreads.append(entry)
+    if "engine_cpu_ms_per_token" in levels.columns and levels["engine_cpu_ms_per_token"].notna().any():
+        # the contention-robust cost beside it: is it less noisy?
+        cpu = {row.concurrency: row for row in paired_spread(levels, "engine_cpu_ms_per_token", **options)}
+        for entry in spreads:
+            row = cpu.get(entry["concurrency"])
+            entry["engine_cpu_sd"] = row.sd if row is not None and row.pairs >= 2 else None
     pooled = pooled_spread(levels, **options)     # what the FAIL side tests first: the levels' geometric mean
     pooled_entry = {"pairs": pooled.pairs, "sd": pooled.sd, "sd_upper": pooled.upper}
     if pooled.pairs >= 2:
@@ -103,7 +109,9 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
     for row in [*aa["spread"], {**aa["pooled_spread"], "concurrency": "all (pooled, tested first)"}]:
         loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
                 "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
-        print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}")
+        cpu = (f"; engine CPU / token sd {row['engine_cpu_sd']:.3f}"
+               if isinstance(row.get("engine_cpu_sd"), float) and row["engine_cpu_sd"] == row["engine_cpu_sd"] else "")
+        print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}{cpu}")
 
 
 def cmd_calibrate(args: argparse.Namespace, request: CompareRequest) -> int:
