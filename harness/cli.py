@@ -44,7 +44,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """``dsa-bench calibrate``: the scenario flags made a request, then :func:`harness.study.calibrate.cmd_calibrate`."""
+    """``dsa-bench calibrate``: the scenario flags made into a request, then
+    :func:`harness.study.calibrate.cmd_calibrate`."""
     return calibrate_with(args, compare_request(args))
 
 

@@ -192,8 +192,8 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (*SERVER_SIDE, "engine_cpu_ms_per_token")
 """Level metrics whose column may be empty — the server-side figures, and the engine's CPU time per token (not read
 for remote servers or in older run directories): shown and judged only where recorded."""
 
-REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step", "engine_cpu_ms_per_token",
-                                 "total_token_throughput",
+REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step",
+                                 "engine_cpu_ms_per_token", "total_token_throughput",
                                  "request_throughput", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
                                  "p99_ttft_ms", "mean_tpot_ms", "server_mean_tpot_ms", "median_tpot_ms",
                                  "p99_tpot_ms", "mean_itl_ms", "server_mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",

@@ -241,7 +241,8 @@ AA_LABELS = ("baseline-one", "baseline-2")
 def judge(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
           alpha: float, tolerance: float = TOKEN_TOLERANCE) -> list[CorrectnessCell]:
     """Both cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and ``greedy``
-    keyed by :data:`SCORINGS` labels; ``tolerance``: the divergence cell's tie band (nats / token). An A/A label may be missing (a run of one session has no ``baseline-2``: the
+    keyed by :data:`SCORINGS` labels; ``tolerance``: the divergence cell's tie band (nats / token). An A/A label
+    may be missing (a run of one session has no ``baseline-2``: the
     envelope is then the batch composition alone, and a note says so); a missing reference or candidate, or no A/A
     at all, makes the cell INVALID with the file to fix."""
     cells = []

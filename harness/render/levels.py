@@ -149,8 +149,9 @@ def _achieved(reqs) -> Summary:
 
 
 def _shown_metrics(levels) -> tuple[Metric, ...]:
-    """The per-level table's metrics: every client metric, and the optional ones (:data:`OPTIONAL_COLUMNS`: server-side, engine CPU) only when
-    ``levels.csv`` has a value for them (a run recorded without ``/metrics`` captures shows no empty server rows)."""
+    """The per-level table's metrics: every client metric, and the optional ones (:data:`OPTIONAL_COLUMNS`:
+    server-side, engine CPU) only when ``levels.csv`` has a value for them (a run recorded without ``/metrics``
+    captures shows no empty server rows)."""
     def has_data(name: str) -> bool:
         return name in levels.columns and levels[name].notna().any()
 

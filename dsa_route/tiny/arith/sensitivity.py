@@ -50,7 +50,8 @@ def injected(model: DsaForCausalLM, kind: str) -> Iterator[None]:
 
 
 @torch.no_grad()
-def forced_logprobs(model: DsaForCausalLM, tok, problems: list[Problem], outputs: list[list[int]]) -> list[torch.Tensor]:
+def forced_logprobs(model: DsaForCausalLM, tok, problems: list[Problem],
+                    outputs: list[list[int]]) -> list[torch.Tensor]:
     """Per problem ``float32 [len(output)]``: log p of each of ``outputs``' tokens after the prompt, scored in one
     forward over prompt + output (no KV cache: a prefill, as vLLM's ``prompt_logprobs`` scores a sequence)."""
     scores = []
