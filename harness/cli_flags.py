@@ -43,7 +43,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tp", type=int, help="tensor parallel size (serve.tensor_parallel_size)")
     group.add_argument("--quant", help="quantization: none, fp8, nvfp4, … (serve.quantization)")
     group.add_argument("--kv-cache-dtype", help="auto, fp8, fp8_ds_mla, … (serve.kv_cache_dtype)")
-    group.add_argument("--concurrency", type=_levels, help="levels, e.g. 1,2,4 (workload.concurrency)")
+    group.add_argument("--concurrency", type=_levels, help="levels of the workload's own regime, e.g. 1,2,4 "
+                       "(workload.concurrency; [[workload.regimes]] keep their own)")
     group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
     group.add_argument("--min-level-s", type=float, metavar="S",
                        help="at least S seconds of measured load per level: a pilot before the first measured level "

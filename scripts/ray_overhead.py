@@ -50,12 +50,13 @@ def _session(kind: str, arm, plan, backend, local_client, env, folder: Path, con
         client = server.load_client or local_client
         raw = folder / "raw"
         raw.mkdir(exist_ok=True)
-        argv = plan.bench_argv(arm, concurrency, 0, server.base_url, raw)
+        key = LevelKey(plan.scenario.workload.levels()[0].regime.at(concurrency), 0)
+        argv = plan.bench_argv(arm, key, server.base_url, raw)
         reply = client.run(argv, folder / f"{kind}-bench.log", 600)
         if not reply["ok"]:
             raise RuntimeError(f"{kind}: benchmark failed: {reply['error']}")
-        result = json.loads((raw / LevelKey(concurrency, 0).raw_name(arm.name)).read_text())
-        level, _ = parse_bench_result(result, arm.name, concurrency, 0)
+        result = json.loads((raw / key.raw_name(arm.name)).read_text())
+        level, _ = parse_bench_result(result, arm.name, key.level, 0)
         return {"kind": kind, "ready_s": ready_s, "output_throughput": level["output_throughput"]}
     finally:
         server.stop()

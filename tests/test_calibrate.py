@@ -20,7 +20,8 @@ def _levels(rng, sessions=6, rounds=3, offset_sd=0.05, loss=0.0):
             offset = rng.normal(0, offset_sd)
             for r in range(rounds):
                 value = 100 * math.exp(offset + rng.normal(0, 0.01)) * (1 - loss if arm == "candidate" else 1)
-                rows.append({"arm": arm, "session": s, "round": s * rounds + r, "concurrency": 4,
+                rows.append({"arm": arm, "session": s, "round": s * rounds + r,
+                             "level": "random-i64-o32-c4", "concurrency": 4,
                              "output_throughput": value})
     return pd.DataFrame(rows)
 
@@ -146,7 +147,7 @@ def test_calibrate_counts_false_alarms_over_its_aa_runs(tmp_path, monkeypatch, c
     record = json.loads(written.read_text())
     assert record["false_alarms"] == 1 and len(record["aa_runs"]) == 3 and record["slowdown"]["overall"] == "FAIL"
     pooled = record["aa"]["pooled_spread"]                   # the FAIL side's first test: levels pooled
-    assert pooled["pairs"] == 3 and pooled["sd"] > 0 and "c=all (pooled, tested first)" in out
+    assert pooled["pairs"] == 3 and pooled["sd"] > 0 and "all levels (pooled): sd" in out
     assert code == 1                                    # a false alarm fails the calibration
 
 
@@ -176,7 +177,8 @@ def _verdict(overall: str, failed_cell: bool) -> dict:
     result = "FAIL" if failed_cell else "PASS"
     return {"run_id": "r", "overall": overall, "exit_code": 1 if overall == "FAIL" else 3, "reason": "r",
             "cells": [{"metric": "gsm8k_accuracy", "label": "GSM8K", "concurrency": None, "result": result},
-                      {"metric": "output_throughput", "label": "tput", "concurrency": 4, "result": "PASS"}],
+                      {"metric": "output_throughput", "label": "tput",
+                       "level": "random-i64-o32-c4", "concurrency": 4, "result": "PASS"}],
             "correctness": [{"name": "token_divergence", "result": result}, {"name": "parity", "result": "PASS"}]}
 
 

@@ -38,10 +38,11 @@ def _crafted(offsets, levels=(1, 4), block_s=100.0, rounds=2):
                 for c in levels:
                     wobble = 0.01 * (1 if r % 2 else -1)   # rounds differ; their mean is the session's
                     value = 100.0 * c * math.exp(wobble + (offset if arm == "candidate" else 0.0))
-                    rows.append({"arm": arm, "session": s, "round": s * rounds + r, "concurrency": c,
+                    rows.append({"arm": arm, "session": s, "round": s * rounds + r,
+                                 "level": f"random-i64-o32-c{c}", "concurrency": c,
                                  "output_throughput": value})
                     end = pd.Timestamp("2026-12-01T10:00:00+00:00") + pd.Timedelta(seconds=block_s * (s + 1))
-                    done[f"c{c}-r{s * rounds + r}"] = {"status": "done", "session": s, "finished_at": end.isoformat()}
+                    done[f"random-i64-o32-c{c}-r{s * rounds + r}"] = {"status": "done", "session": s, "finished_at": end.isoformat()}
         arms.append({"name": arm, "route": arm, "sessions": sessions, "levels": done})
     manifest = Manifest.model_validate({"run_id": "crafted", "scenario": {"workload": {"rounds_per_session": rounds}},
                                         "arms": arms})
@@ -245,7 +246,7 @@ def test_the_median_pooled_spread_takes_the_median_per_level_not_over_all_levels
     """One round per session: the median of a session's rounds at a level is that round, so the robust spread equals
     the mean one (a median over a session's rows of all levels at once would differ)."""
     rng = np.random.default_rng(3)
-    rows = [{"arm": arm, "session": s, "round": s, "concurrency": c,
+    rows = [{"arm": arm, "session": s, "round": s, "level": f"random-i64-o32-c{c}", "concurrency": c,
              "output_throughput": 100.0 * c * math.exp(rng.normal(0, 0.1) if arm == "candidate" else 0.0)}
             for arm in ("baseline", "candidate") for s in range(6) for c in (1, 2, 4)]
     levels = pd.DataFrame(rows)

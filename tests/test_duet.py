@@ -67,7 +67,8 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0, resum
 
     def row(run_, client, arm, concurrency, repeat):
         factor = 1.0 - loss if arm.name == "candidate" else 1.0
-        _write_row(run, arm.name, concurrency, repeat, 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02)))
+        _write_row(run, arm.name, concurrency, repeat,
+                   100.0 * concurrency.concurrency * factor * math.exp(rng.normal(0, 0.02)))
 
     def run_level(client, arm, server, concurrency, repeat, progress, task):
         run.up_together.append(sorted(run.servers))
@@ -80,10 +81,11 @@ def _runner(tmp_path, monkeypatch, plan, level=None, *, loss: float = 0.0, resum
     return run
 
 
-def _write_row(run, arm: str, concurrency: int, repeat: int, throughput: float = 100.0) -> None:
-    """One ``levels.csv`` row of ``arm``'s current session."""
-    run.store.append_levels([{"arm": arm, "session": run._session(arm), "round": repeat, "concurrency": concurrency,
-                              "completed": 16, "failed": 0, "output_throughput": throughput}])
+def _write_row(run, arm: str, level, repeat: int, throughput: float = 100.0) -> None:
+    """One ``levels.csv`` row of ``arm``'s current session at ``level`` (a :class:`~harness.rundir.schema.Level`)."""
+    run.store.append_levels([{"arm": arm, "session": run._session(arm), "round": repeat, "level": str(level),
+                              "concurrency": level.concurrency, "completed": 16, "failed": 0,
+                              "output_throughput": throughput}])
 
 
 def _level_records(manifest: schema.Manifest) -> dict[tuple[str, str], schema.LevelRecord]:
@@ -230,8 +232,8 @@ def test_a_crash_in_one_arm_ends_the_run_at_once_and_stops_every_child(tmp_path,
         with pytest.raises(type(error)):
             run.run()
         assert run.manifest.status == ("interrupted" if isinstance(error, KeyboardInterrupt) else "failed")
-        name, concurrency, round_ = run.manifest.schedule[0]
-        first = run.manifest.arm(name).levels[str(schema.LevelKey(concurrency, round_))]
+        name, level_id, round_ = run.manifest.schedule[0]
+        first = run.manifest.arm(name).levels[f"{level_id}-r{round_}"]
         assert name == "baseline" and first.status == "failed: interrupted during this level"   # not waited for
         assert all(server.stopped for _, _, server in run.started_servers)
         assert len(FakeClient.instances) == 2 and all(client.closed for client in FakeClient.instances)

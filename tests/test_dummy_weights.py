@@ -24,14 +24,18 @@ def test_plan_says_why(capsys):
     assert "Dummy weights" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["glm-5.2-nvfp4-tp4-long", "deepseek-v3.2-fp8-tp8-long"])
-def test_the_long_context_scenarios_make_dsa_sparse_and_fit_the_model(name):
+@pytest.mark.parametrize("name", ["glm-5.2-nvfp4-tp4", "deepseek-v3.2-fp8-tp8"])
+def test_the_headline_runs_dense_and_sparse_levels_in_one_run_that_fit_the_model(name):
+    """Issue #26: the short levels (input + output < index_topk: the indexer keeps every key) and long ones (≥ 8 ×
+    index_topk: it drops most) are levels of one run, each long one within max_model_len ≤ the model's positions."""
     import json
 
     from harness.run.scenario import resolve_path
 
-    long = load_scenario(name)
-    config = json.loads((resolve_path(long.model.hf_config_path) / "config.json").read_text())
-    assert long.workload.input_len >= 8 * config["index_topk"]
-    assert long.workload.input_len + long.workload.output_len <= long.model.max_model_len
-    assert long.model.max_model_len <= config["max_position_embeddings"]
+    scenario = load_scenario(name)
+    config = json.loads((resolve_path(scenario.model.hf_config_path) / "config.json").read_text())
+    levels = scenario.workload.levels()
+    dense = [level for level in levels if level.input_len + level.output_len < config["index_topk"]]
+    sparse = [level for level in levels if level.input_len >= 8 * config["index_topk"]]
+    assert dense and sparse and {level.concurrency for level in sparse} < {level.concurrency for level in dense}
+    assert scenario.workload.longest_request() <= scenario.model.max_model_len <= config["max_position_embeddings"]

@@ -27,14 +27,18 @@ def run_dir(e2e_run):
 def test_run_dir_has_both_arms_with_throughput(run_dir):
     levels = pd.read_csv(run_dir / schema.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
-    assert sorted(levels["concurrency"].unique()) == [1, 4] and sorted(levels["round"].unique()) == [0, 1]
+    # two regimes in one run (issue #26): 64 → 32 tokens at c = 1, 4 and 256 → 32 (8 × index_topk) at c = 4
+    assert set(levels["level"]) == {"random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4"}
+    assert sorted(levels["round"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
     assert (levels["completed"] == 8).all()
     # the engine's own CPU time per output token (VLLM::EngineCore and its worker): a few ms per token on 2 cores
     assert levels["engine_cpu_ms_per_token"].between(0.1, 1000).all()
     requests = pd.read_csv(run_dir / schema.REQUESTS)
-    assert len(requests) == 8 * 8 and requests["tpot_ms"].notna().all()
-    assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 8
+    assert len(requests) == 2 * 3 * 2 * 8 and requests["tpot_ms"].notna().all()
+    long = requests[requests["level"] == "random-i256-o32-c4"]
+    assert long["input_len"].between(250, 262).all()          # the random dataset's prompts re-tokenise to ± a few
+    assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 2 * 3 * 2
 
 
 def test_both_arms_served_the_dsa_model_with_mtp(run_dir):
@@ -96,6 +100,11 @@ def test_report_and_verdict_render(run_dir):
     verdict = json.loads((run_dir / "verdict.json").read_text())
     assert verdict["overall"] in ("PASS", "FAIL", "INCONCLUSIVE", "INVALID") and verdict["cells"]
     assert (run_dir / "summary.md").read_text().startswith("### ")
+    # each regime's levels in the verdict and the report; the regime of two levels has its pooled hypothesis
+    assert {c["level"] for c in verdict["cells"] if c["metric"] == "output_throughput"} == {
+        "random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4"}
+    assert [c["regime"] for c in verdict["pooled"] if c["metric"] == "output_throughput"] == ["random-i64-o32"]
+    assert 'data-level="random-i256-o32-c4"' in html and "256→32 random" in html
 
 
 def test_no_process_left_running(e2e_run, run_dir):

@@ -14,6 +14,7 @@ from harness.judge.policy import GatePolicy, Status
 QUIET_SESSIONS = 8   # sessions per arm of the synthetic quiet-machine pool's A/A runs (tests/fixtures/recorded/run)
 from harness.rundir import store
 from harness.rundir.store import RunDirError
+from harness.rundir.schema import LevelKey
 
 _SPEC = importlib.util.spec_from_file_location(
     "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")
@@ -189,14 +190,14 @@ def test_partial_run_is_invalid_never_pass(tmp_path):
     """A run interrupted before the candidate's last level: the missing cells make it INVALID."""
     manifest, levels, requests = aa.aa_run(QUIET_SESSIONS)
     manifest["status"] = "interrupted"
-    for key in [k for k in aa.arm(manifest, "candidate")["levels"] if k.startswith("c8-")]:
+    for key in [k for k in aa.arm(manifest, "candidate")["levels"] if LevelKey.parse(k).concurrency == 8]:
         del aa.arm(manifest, "candidate")["levels"][key]
     keep = ~((levels["arm"] == "candidate") & (levels["concurrency"] == 8))
     keep_requests = ~((requests["arm"] == "candidate") & (requests["concurrency"] == 8))
     run_dir = aa.write_run(tmp_path / "partial", manifest, levels[keep], requests[keep_requests])
     result = gate.run_gate(run_dir, PERF)
     assert result.status == Status.INVALID
-    invalid = {(c.metric, c.level) for c in result.verdict.primary if c.status == Status.INVALID}
+    invalid = {(c.metric, c.level.concurrency) for c in result.verdict.primary if c.status == Status.INVALID}
     assert invalid == {("output_throughput", 8), ("mean_tpot_ms", 8)}
     assert any("interrupted" in n for n in result.verdict.notes)
 

@@ -100,7 +100,25 @@ def test_sessions_without_round_column_become_rounds(tmp_path):
     assert main(["import", str(index), "--out", str(tmp_path / "run")]) == 0
     levels = RunDir(tmp_path / "run").levels()
     assert sorted(set(zip(levels["session"], levels["round"]))) == [(0, 0), (1, 1), (2, 2)]
-    assert sorted((tmp_path / "run" / "raw").iterdir())[0].name == "baseline-c1-r0.json"
+    assert sorted((tmp_path / "run" / "raw").iterdir())[0].name == "baseline-random-i64-o16-c1-r0.json"
+
+
+def test_index_lengths_make_regimes_and_without_them_the_index_is_one(tmp_path):
+    """Issue #26: ``input_len`` / ``output_len`` columns key each row's regime; without them every file is the
+    index's one regime, although a random dataset's prompts re-tokenise to ±1 token between files."""
+    rows = _rows_of_original(tmp_path)
+    for row in rows:
+        row.update(input_len=64 if row["concurrency"] == 1 else 4096, output_len=16)
+    index = _write_index(tmp_path, rows, columns=("arm", "session", "concurrency", "round", "path", "input_len",
+                                                  "output_len"))
+    assert main(["import", str(index), "--out", str(tmp_path / "two")]) == 0
+    levels = RunDir(tmp_path / "two").levels()
+    assert set(levels["level"]) == {"random-i64-o16-c1", "random-i4096-o16-c2"}
+    result = run_gate(tmp_path / "two", NOT_ATTESTED_OK, write=False)
+    assert {c["regime"] for c in result.document["pooled"]} <= {"random-i64-o16", "random-i4096-o16"}
+    one = _write_index(tmp_path, _rows_of_original(tmp_path / "again"))
+    assert main(["import", str(one), "--out", str(tmp_path / "one")]) == 0
+    assert set(RunDir(tmp_path / "one").levels()["level"]) == {"random-i64-o16-c1", "random-i64-o16-c2"}
 
 
 def _bad_json(folder, rows):

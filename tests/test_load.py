@@ -9,6 +9,8 @@ from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run.load import parse_bench_result, read_bench_json
 
+C4 = schema.Level("random", 64, 32, 4)
+
 FIXTURE = Path(__file__).parent / "fixtures" / "bench" / "vllm-bench-serve-c4.json"
 
 
@@ -18,7 +20,7 @@ def bench():
 
 
 def test_level_row_carries_vllms_aggregates(bench):
-    level, _ = parse_bench_result(bench, "baseline", 4, 0)
+    level, _ = parse_bench_result(bench, "baseline", C4, 0)
     assert set(schema.REQUIRED_LEVEL_COLUMNS) | {"session", "output_throughput", "mean_tpot_ms"} <= set(level)
     assert level["completed"] == bench["completed"] and level["output_throughput"] == bench["output_throughput"]
     assert level["mean_tpot_ms"] == pytest.approx(bench["mean_tpot_ms"])
@@ -26,7 +28,7 @@ def test_level_row_carries_vllms_aggregates(bench):
 
 
 def test_request_rows_use_server_counted_tokens(bench):
-    _, rows = parse_bench_result(bench, "candidate", 4, 1)
+    _, rows = parse_bench_result(bench, "candidate", C4, 1)
     assert len(rows) == len(bench["input_lens"])
     for row, out_len, ttft, e2el in zip(rows, bench["output_lens"], bench["ttfts"], bench["latencies"]):
         assert row["output_len"] == out_len and row["arm"] == "candidate" and row["round"] == 1
@@ -37,13 +39,13 @@ def test_request_rows_use_server_counted_tokens(bench):
 
 
 def test_rows_round_trip_through_the_csvs(tmp_path, bench):
-    level, rows = parse_bench_result(bench, "baseline", 4, 0)
+    level, rows = parse_bench_result(bench, "baseline", C4, 0)
     store = records.RunDir(tmp_path)
     store.append_levels([level])
     store.append_levels([dict(level, arm="candidate")])
     store.append_requests(rows)
-    levels = store.levels()
-    assert list(levels["arm"]) == ["baseline", "candidate"]
+    levels = store.levels(numeric=True)
+    assert list(levels["arm"]) == ["baseline", "candidate"] and set(levels["level"]) == {str(C4)}
     frame = store.requests()
     assert len(frame) == len(rows) and frame["tpot_ms"].notna().all()
 
@@ -51,7 +53,7 @@ def test_rows_round_trip_through_the_csvs(tmp_path, bench):
 def test_failed_requests_have_no_latency(bench):
     broken = dict(bench)
     broken["errors"] = ["Traceback ...\nServerDisconnectedError"] + list(bench["errors"][1:])
-    _, rows = parse_bench_result(broken, "baseline", 4, 0)
+    _, rows = parse_bench_result(broken, "baseline", C4, 0)
     assert rows[0]["error"] == "ServerDisconnectedError" and rows[0]["tpot_ms"] is None
 
 
@@ -63,7 +65,7 @@ def test_corrupted_json_is_a_clear_error(bench, mutate, match):
     data = json.loads(json.dumps(bench))
     mutate(data)
     with pytest.raises(ValueError, match=match):
-        parse_bench_result(data, "baseline", 4, 0)
+        parse_bench_result(data, "baseline", C4, 0)
 
 
 def test_unreadable_file_names_itself(tmp_path):
@@ -86,7 +88,7 @@ def test_each_latency_metric_name_means_one_thing(bench):
 
     from harness.metrics import METRICS, REPORT_TABLE
 
-    level, rows = parse_bench_result(bench, "baseline", 4, 0)
+    level, rows = parse_bench_result(bench, "baseline", C4, 0)
     assert set(REPORT_TABLE) <= set(schema.LEVEL_COLUMNS)
     checked = 0
     for metric in METRICS.values():
@@ -100,7 +102,7 @@ def test_each_latency_metric_name_means_one_thing(bench):
 
 
 def test_max_itl_is_the_largest_streamed_gap_per_request(bench):
-    _, rows = parse_bench_result(bench, "baseline", 4, 0)
+    _, rows = parse_bench_result(bench, "baseline", C4, 0)
     for row, gaps in zip(rows, bench["itls"]):
         assert row["max_itl_ms"] == pytest.approx(1000 * max(gaps))
 
@@ -115,7 +117,7 @@ def test_whole_output_in_the_first_chunk_has_no_gap_and_is_coalesced(bench):
     data["itls"][0] = [1e-5] * len(data["itls"][0])
     data["itls"][1] = []
     data["errors"][2] = "boom"
-    _, rows = parse_bench_result(data, "baseline", 4, 0)
+    _, rows = parse_bench_result(data, "baseline", C4, 0)
     assert rows[0]["max_itl_ms"] == pytest.approx(0.01) and rows[1]["max_itl_ms"] == 0.0
     assert rows[2]["max_itl_ms"] is None
     assert rows[0]["ttft_ms"] < 0.95 * rows[0]["e2el_ms"]          # TTFT alone would not see it
@@ -125,5 +127,5 @@ def test_whole_output_in_the_first_chunk_has_no_gap_and_is_coalesced(bench):
 
 def test_results_without_itls_leave_max_itl_empty(bench):
     data = {k: v for k, v in bench.items() if k != "itls"}
-    _, rows = parse_bench_result(data, "baseline", 4, 0)
+    _, rows = parse_bench_result(data, "baseline", C4, 0)
     assert all(row["max_itl_ms"] is None for row in rows)

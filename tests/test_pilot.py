@@ -34,6 +34,11 @@ BASE = {"accuracy.enabled": False, "mtp.num_speculative_tokens": 0, "workload.re
 REQUEST_S = 0.5   # the fake server: one request takes 0.5 s; c of them run at once
 
 
+
+def _by_concurrency(counts: dict) -> dict:
+    """A pilot's counts by concurrency (these plans have one regime)."""
+    return {level.concurrency: n for level, n in counts.items()}
+
 def _plan(**overrides) -> plan_mod.Plan:
     scenario = load_scenario(SCENARIO, {**BASE, **overrides}).effective()
     return plan_mod.build_plan(scenario, CPU, plan_mod.ModelLocation("/models/tiny", "/models/tiny"))
@@ -183,7 +188,7 @@ def test_one_pilot_on_the_first_arm_sizes_every_level_of_both_arms(tmp_path, mon
 
     stored = RunDir(tmp_path / "run")
     record = stored.manifest().pilot
-    assert record.arm == first_arm and record.min_level_s == 10.0 and record.counts() == {1: 20, 4: 80}
+    assert record.arm == first_arm and record.min_level_s == 10.0 and _by_concurrency(record.counts()) == {1: 20, 4: 80}
     assert [(lv.pilot_prompts, lv.duration_s) for lv in record.levels] == [(16, 8.0), (48, 6.0)]
     assert all((tmp_path / "run" / lv.raw).is_file() for lv in record.levels)
     levels, requests = stored.levels(numeric=True), stored.requests(numeric=True)
@@ -229,7 +234,7 @@ def test_a_capped_floor_is_noted_in_the_manifest(tmp_path, monkeypatch, fake_cli
                                                             "workload.repeats": 1, "workload.rounds_per_session": 1}))
     manifest = run.run()
     record = manifest.pilot
-    assert record.counts() == {1: 21, 4: 84} and all(level.capped for level in record.levels)
+    assert _by_concurrency(record.counts()) == {1: 21, 4: 84} and all(level.capped for level in record.levels)
     assert pilot.CAPPED_NOTE in manifest.notes and "capped by workload.level_timeout_s" in record.describe()
 
 
@@ -261,7 +266,8 @@ def test_compare_with_a_floor_against_fake_servers_and_vllms_own_bench_client(tm
         assert json.loads((run_dir / level.raw).read_text())["completed"] == 2
     requests = stored.requests(numeric=True)
     sent = requests.groupby(["arm", "concurrency"]).size().to_dict()
-    assert sent == {(arm, c): n for arm in ("baseline", "candidate") for c, n in record.counts().items()}
+    assert sent == {(arm, c): n for arm in ("baseline", "candidate")
+                    for c, n in _by_concurrency(record.counts()).items()}
     levels = stored.levels(numeric=True)
     assert len(levels) == 4 and (levels["duration_s"] > 0.5).all()   # ≈ the floor, not the pilot's ≈ 0.2 s
     assert "counts set by a pilot" in err.getvalue()

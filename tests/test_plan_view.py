@@ -24,21 +24,26 @@ def test_compact_plan_fits_60_lines_with_one_bench_template_and_an_estimate(caps
     assert main(["plan", "--scenario", name]) == 0
     out = capsys.readouterr().out
     assert len(out.splitlines()) <= 60
-    assert out.count("vllm serve ") == 2 and out.count("vllm bench serve") == 1
+    assert out.count("vllm serve ") == 2 and out.count("vllm bench serve") == 2   # one template per regime
     assert "--max-concurrency '<c>'" in out and "× rounds 0..7" in out
+    # issue #26: the short (dense) and the long-context (sparse) levels in one grid and one estimate
+    assert "tokens 1024→512 random: prompts per level c=1:32" in out and "tokens 32768→512 random" in out
+    assert out.count("estimate: wall ") == 1 and "levels: 14 (regime × concurrency)" in out
     assert "estimate: wall " in out and "GPU-hours" in out and "prior: assumed" in out
 
 
 def test_verbose_lists_every_level_and_json_everything(capsys):
     assert main(["plan", "--scenario", "glm-5.2-nvfp4-tp4", "--verbose"]) == 0
     verbose = capsys.readouterr().out
-    assert verbose.count("  bench c=") == 2 * 11 * 8
+    assert verbose.count("  bench c=") == 2 * (11 + 3) * 8
     assert main(["plan", "--scenario", "glm-5.2-nvfp4-tp4", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert set(document) >= {"scenario", "machine", "refusal", "notes", "arms", "levels", "estimate"}
     assert [arm["name"] for arm in document["arms"]] == ["baseline", "candidate"]
     assert {"server_argv", "server_env", "decision", "intended", "refusals"} <= set(document["arms"][0])
-    assert len(document["levels"]) == 88 and set(document["levels"][0]["bench_argv"]) == {"baseline", "candidate"}
+    assert len(document["levels"]) == (11 + 3) * 8 and set(document["levels"][0]["bench_argv"]) == {"baseline",
+                                                                                                   "candidate"}
+    assert {level["regime"] for level in document["levels"]} == {"random-i1024-o512", "random-i32768-o512"}
     assert {"wall_s", "gpu_hours", "gpus", "parts", "sessions", "prior"} <= set(document["estimate"])
 
 

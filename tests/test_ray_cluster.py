@@ -144,7 +144,8 @@ def test_killing_a_server_actor_mid_level_fails_that_level_keeps_the_rest(cluste
                      "--num-prompts", "8", "--ray-address", cluster.address, *PLACE)
     killer.join(timeout=10)
     run_dir, manifest = _manifest(tmp_path / "results")
-    statuses = {arm["name"]: {k: v["status"] for k, v in arm["levels"].items()} for arm in manifest["arms"]}
+    statuses = {arm["name"]: {f"c{key.concurrency}-r{key.round}": v["status"] for k, v in arm["levels"].items()
+                              if (key := schema.LevelKey.parse(k))} for arm in manifest["arms"]}
     assert code == 1, err[-4000:]
     assert statuses["baseline"] == {"c1-r0": "done", "c2-r0": "done"}
     assert statuses["candidate"]["c1-r0"].startswith("failed: ") and statuses["candidate"]["c2-r0"].startswith(

@@ -419,6 +419,6 @@ def test_pooled_hypotheses_are_shown_in_the_report_and_the_pr_summary(run_dir):
     document = VerdictDocument.model_validate({"run_id": "r", "overall": "FAIL", "exit_code": 1, "reason": "x",
                                                "pooled": [POOLED_FAIL, POOLED_OPEN]})
     text = summary.render(VerdictView(document, None, None, run_dir))
-    assert "Pooled over levels" in text
+    assert "Pooled over each regime's levels" in text
     assert "Output throughput -25.1 % [-31.0, -18.7] (margin -3 %) ❌ FAIL" in text
     assert "Mean TPOT +1.0 % [-2.0, +4.0] (margin +3 %) not rejected" in text

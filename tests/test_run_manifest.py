@@ -50,7 +50,7 @@ def test_the_writers_types_write_what_the_reader_reads(writer, plan):
 
 def test_a_change_is_validated_when_made(writer):
     with pytest.raises(TypeError, match="no field stauts"):
-        writer.update_level("baseline", LevelKey(1, 0), stauts="done")
+        writer.update_level("baseline", _first_key(writer), stauts="done")
     with pytest.raises(ValidationError):
         writer.update_arm("baseline", sessions="not sessions")
     writer.add_session("baseline", server_start_s=1.5, base_url="http://x:1", startup={"ready_s": 1.5})
@@ -60,8 +60,13 @@ def test_a_change_is_validated_when_made(writer):
     assert arm.sessions[0].startup.ready_s == 1.5
 
 
+def _first_key(writer) -> LevelKey:
+    """The first level key of the run (round 0 of its first level)."""
+    return writer.arm("baseline").level_items()[0][0]
+
+
 def test_pending_levels_settle_and_the_run_closes(writer):
-    key = LevelKey(1, 0)
+    key = _first_key(writer)
     writer.update_level("baseline", key, status="done", session=0)
     writer.settle_pending("stopped: a deciding look")
     assert writer.complete()
@@ -73,7 +78,7 @@ def test_pending_levels_settle_and_the_run_closes(writer):
 
 
 def test_resume_types_the_stored_observations_and_sets_unfinished_levels_pending(writer, plan):
-    key = LevelKey(1, 0)
+    key = _first_key(writer)
     writer.update_arm("baseline", observed=Observation(route="baseline", errors=("ERROR x",)))
     writer.update_arm("candidate", observed=RemoteObservation(served_models=("m",)))
     writer.update_level("baseline", key, status="done")

@@ -84,8 +84,29 @@ def test_overrides_apply_by_dotted_key():
 
 def test_prompts_per_level_has_a_floor():
     work = load_scenario("cpu-tiny").workload
-    assert work.num_prompts(1) == max(work.min_prompts, work.prompts_per_concurrency)
-    assert work.num_prompts(64) == 64 * work.prompts_per_concurrency
+    (regime,) = {level.regime for level in work.levels()}
+    assert work.num_prompts(regime.at(1)) == max(work.min_prompts, work.prompts_per_concurrency)
+    assert work.num_prompts(regime.at(64)) == 64 * work.prompts_per_concurrency
+
+
+def test_regimes_add_levels_with_their_own_lengths_concurrencies_and_counts():
+    """Issue #26: ``[[workload.regimes]]`` levels join the workload's own in one grid; a regime without a
+    concurrency list takes the workload's; one given twice, or too long for the model, is refused in one line."""
+    scenario = load_scenario("cpu-tiny-dsa", {"workload.regimes": [
+        {"input_len": 256, "output_len": 32, "concurrency": [4], "min_prompts": 20},
+        {"input_len": 128, "output_len": 16}]})
+    levels = scenario.workload.levels()
+    assert [str(level) for level in levels if level.input_len != 64] == [
+        "random-i256-o32-c4", "random-i128-o16-c1", "random-i128-o16-c2", "random-i128-o16-c4",
+        "random-i128-o16-c8"]
+    assert scenario.workload.num_prompts(levels[4]) == 20 and scenario.workload.longest_request() == 288
+    with pytest.raises(ScenarioError, match="regime random-i64-o32 is given twice"):
+        load_scenario("cpu-tiny-dsa", {"workload.regimes": [{"input_len": 64, "output_len": 32}]})
+    with pytest.raises(ScenarioError, match="longest level's input_len \\+ output_len = 1032 exceeds"):
+        load_scenario("cpu-tiny-dsa", {"workload.regimes": [{"input_len": 1000, "output_len": 32}]})
+    with pytest.raises(ScenarioError, match="dataset"):
+        load_scenario("cpu-tiny-dsa", {"workload.regimes": [{"input_len": 100, "output_len": 32,
+                                                             "dataset": "sharegpt"}]})
 
 
 def test_a_variant_includes_its_base_and_states_only_what_differs(tmp_path):
@@ -96,8 +117,6 @@ def test_a_variant_includes_its_base_and_states_only_what_differs(tmp_path):
     variant = load_scenario(str(tmp_path / "variant.toml"))
     assert (variant.name, variant.workload.input_len) == ("variant", 2048)
     assert variant.workload.concurrency == base.workload.concurrency and variant.serve == base.serve
-    long = load_scenario("glm-5.2-nvfp4-tp4-long")
-    assert long.workload.input_len == 32768 and long.mtp == base.mtp and long.arms == base.arms
 
 
 def test_an_include_cycle_is_one_line(tmp_path):
@@ -105,3 +124,20 @@ def test_an_include_cycle_is_one_line(tmp_path):
     (tmp_path / "b.toml").write_text('include = "a.toml"\n', encoding="utf-8")
     with pytest.raises(ScenarioError, match="include cycle"):
         load_scenario(str(tmp_path / "a.toml"))
+
+
+@pytest.mark.parametrize("regime, message", [
+    ('input_len = 600\noutput_len = 32', "the longest level's input_len + output_len = 632 exceeds model.max_model_len"),
+    ('input_len = "long"\noutput_len = 32', "workload.regimes.0.input_len"),
+    ('input_len = 64\noutput_len = 32\nconcurrency = [0]', "concurrency levels must be ≥ 1"),
+])
+def test_a_bad_regime_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, regime, message):
+    from harness.cli import main
+
+    path = tmp_path / "bad.toml"
+    path.write_text(f'include = "cpu-tiny-dsa"\nname = "bad"\n\n[[workload.regimes]]\n{regime}\n', encoding="utf-8")
+    assert main(["plan", "--scenario", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert main(["compare", "--scenario", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()

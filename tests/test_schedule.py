@@ -13,6 +13,11 @@ CPU = plan_mod.Machine(name="cpu", device="planned", cpu_count=2, gpu_count=0, h
 RECORDING = "tests/fixtures/recorded/record-sessions.toml"
 
 
+def _by_concurrency(order):
+    """A schedule with each level as its concurrency (these plans have one regime)."""
+    return [(name, level.concurrency, r) for name, level, r in order]
+
+
 def _plan(**workload) -> plan_mod.Plan:
     overrides = {f"workload.{k}": v for k, v in workload.items()}
     scenario = load_scenario(RECORDING, overrides).effective()
@@ -65,14 +70,14 @@ def test_every_level_and_round_runs_once_per_arm_and_blocks_map_rounds_to_sessio
 
 def test_shuffled_levels_differ_between_rounds_are_seeded_and_the_same_for_both_arms():
     plan = _plan(repeats=4, rounds_per_session=4, concurrency=[1, 2, 4, 8])
-    orders = [tuple(round_order(plan, r)) for r in range(plan.rounds())]
+    orders = [tuple(level.concurrency for level in round_order(plan, r)) for r in range(plan.rounds())]
     assert all(sorted(o) == [1, 2, 4, 8] for o in orders)
     assert len(set(orders)) > 1
-    assert orders == [tuple(round_order(_plan(repeats=4, rounds_per_session=4, concurrency=[1, 2, 4, 8]), r))
-                      for r in range(16)]
+    again = _plan(repeats=4, rounds_per_session=4, concurrency=[1, 2, 4, 8])
+    assert orders == [tuple(level.concurrency for level in round_order(again, r)) for r in range(16)]
     reseeded = _plan(repeats=4, rounds_per_session=4, concurrency=[1, 2, 4, 8], seed=1)
-    assert [tuple(round_order(reseeded, r)) for r in range(16)] != orders
-    order = schedule(plan)
+    assert [tuple(level.concurrency for level in round_order(reseeded, r)) for r in range(16)] != orders
+    order = _by_concurrency(schedule(plan))
     for arm in ("baseline", "candidate"):
         for r in range(plan.rounds()):
             assert tuple(c for name, c, rr in order if name == arm and rr == r) == orders[r]
@@ -80,8 +85,9 @@ def test_shuffled_levels_differ_between_rounds_are_seeded_and_the_same_for_both_
 
 def test_defaults_keep_one_round_per_session_in_sorted_order():
     plan = _plan(repeats=2, rounds_per_session=1, level_order="sorted", concurrency=[4, 1], block_order="abba")
-    assert schedule(plan) == [("baseline", 1, 0), ("baseline", 4, 0), ("candidate", 1, 0), ("candidate", 4, 0),
-                              ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 1, 1), ("baseline", 4, 1)]
+    assert _by_concurrency(schedule(plan)) == [
+        ("baseline", 1, 0), ("baseline", 4, 0), ("candidate", 1, 0), ("candidate", 4, 0),
+        ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 1, 1), ("baseline", 4, 1)]
     assert [plan.block_of(r) for r in range(plan.rounds())] == [0, 1]
 
 
@@ -89,8 +95,9 @@ def test_concurrent_servers_alternate_arms_per_level_over_all_rounds():
     plan = _plan(repeats=1, rounds_per_session=2, level_order="sorted", concurrency=[1, 4])
     plan = plan_mod.Plan(plan.scenario.model_copy(update={"serve": plan.scenario.serve.model_copy(
         update={"concurrent_servers": True})}), plan.machine, plan.arms)
-    assert schedule(plan) == [("baseline", 1, 0), ("candidate", 1, 0), ("candidate", 4, 0), ("baseline", 4, 0),
-                              ("baseline", 1, 1), ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 4, 1)]
+    assert _by_concurrency(schedule(plan)) == [
+        ("baseline", 1, 0), ("candidate", 1, 0), ("candidate", 4, 0), ("baseline", 4, 0),
+        ("baseline", 1, 1), ("candidate", 1, 1), ("candidate", 4, 1), ("baseline", 4, 1)]
 
 
 def test_concurrent_blocks_start_their_abba_sequence_with_the_arm_the_block_order_draws():
@@ -141,19 +148,21 @@ def test_validity_plans_repeats_times_rounds_per_session_rounds():
 
     from harness.judge.policy import GatePolicy
     from harness.judge.validity import check_validity
-    from harness.rundir.schema import REQUEST_COLUMNS, Manifest
+    from harness.rundir.schema import REQUEST_COLUMNS, Manifest, Regime
 
+    c1 = Regime("random", 64, 32).at(1)
     manifest = Manifest.model_validate({"run_id": "t", "status": "done",
-                                        "scenario": {"workload": {"repeats": 2, "rounds_per_session": 3}},
+                                        "scenario": {"workload": {"repeats": 2, "rounds_per_session": 3,
+                                                                  "input_len": 64, "output_len": 32}},
                                         "arms": [{"name": "baseline", "route": "baseline"},
                                                  {"name": "candidate", "route": "candidate"}]})
     rows = [{"arm": arm, "session": r // 3, "round": r, "concurrency": 1, "completed": 8, "failed": 0,
              "output_throughput": 100.0} for arm in ("baseline", "candidate") for r in range(6)]
     policy = GatePolicy(primary=("output_throughput",), require_attestation=False)
     report = check_validity(manifest, pd.DataFrame(rows), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
-    assert report.done[("baseline", 1)] == set(range(6)) and not report.reasons
+    assert report.done[("baseline", c1)] == set(range(6)) and not report.reasons
     short = check_validity(manifest, pd.DataFrame(rows[:-1]), pd.DataFrame(columns=REQUEST_COLUMNS), policy)
-    assert [r for r, _ in short.reasons[("candidate", 1)]] == [5]
+    assert [r for r, _ in short.reasons[("candidate", c1)]] == [5]
 
 
 def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, monkeypatch):

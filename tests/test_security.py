@@ -113,9 +113,15 @@ def remote(tmp_path_factory):
 
 
 def _manifest(run_dir: Path) -> dict:
-    """manifest.json with its arms list keyed by arm name."""
+    """manifest.json with its arms list keyed by arm name, each arm's levels keyed ``c<concurrency>-r<round>`` (these
+    runs have one regime)."""
     data = json.loads((run_dir / schema.MANIFEST).read_text(encoding="utf-8"))
-    return {**data, "arms": {arm["name"]: arm for arm in data["arms"]}}
+    return {**data, "arms": {arm["name"]: {**arm, "levels": _by_concurrency(arm["levels"])} for arm in data["arms"]}}
+
+
+def _by_concurrency(levels: dict) -> dict:
+    keys = {key: schema.LevelKey.parse(key) for key in levels}
+    return {f"c{keys[key].concurrency}-r{keys[key].round}": level for key, level in levels.items()}
 
 
 @pytest.mark.slow

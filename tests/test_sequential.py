@@ -11,6 +11,7 @@ from harness.judge import sequential, verdict
 from harness.judge.policy import GatePolicy, Status
 from harness.judge.sequential import SequentialDesign
 from harness.judge.verdict import CellInput
+from harness.rundir.schema import Regime
 
 
 @pytest.mark.parametrize("spending", sequential.SPENDING)
@@ -95,7 +96,7 @@ def test_policy_refuses_max_below_min_sessions():
 
 
 def _cell(metric, base, cand):
-    return CellInput(metric, 1, tuple(np.array([v], dtype=float) for v in base),
+    return CellInput(metric, Regime("random", 64, 32).at(1), tuple(np.array([v], dtype=float) for v in base),
                      tuple(np.array([v], dtype=float) for v in cand), tuple(range(len(base))))
 
 

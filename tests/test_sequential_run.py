@@ -43,11 +43,12 @@ def _runner(tmp_path, monkeypatch, plan, *, loss: float, budget_s: float | None 
         run._new_session(arm.name, 1.0, StubServer.base_url)
         return StubServer()
 
-    def level(client, arm, server, concurrency, repeat, progress, task):
+    def level(client, arm, server, at, repeat, progress, task):
         factor = 1.0 - loss if arm.name == "candidate" else 1.0
         run.store.append_levels([{"arm": arm.name, "session": run._session(arm.name), "round": repeat,
-                                  "concurrency": concurrency, "completed": 16, "failed": 0,
-                                  "output_throughput": 100.0 * concurrency * factor * math.exp(rng.normal(0, 0.02))}])
+                                  "level": str(at), "concurrency": at.concurrency, "completed": 16, "failed": 0,
+                                  "output_throughput": 100.0 * at.concurrency * factor
+                                  * math.exp(rng.normal(0, 0.02))}])
         clock[0] += level_s
 
     monkeypatch.setattr(run, "_start_server", start)

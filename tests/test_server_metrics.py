@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from harness.run import loadgen, server_metrics
 from harness.run.load import parse_bench_result
+from harness.rundir.schema import Level
 
 REAL = Path(__file__).parent / "fixtures" / "server_metrics" / "cpu-tiny-dsa-c4.json"
 
@@ -173,7 +174,7 @@ def test_real_capture_counts_exactly_the_measured_requests(real):
 
 
 def test_real_capture_decomposition_reproduces_the_output_throughput(real):
-    level, _ = parse_bench_result(real, "baseline", 4, 0)
+    level, _ = parse_bench_result(real, "baseline", Level("random", 64, 32, 4), 0)
     cells = server_metrics.level_fields(server_metrics.from_bench_result(real))
     product = cells["engine_steps_per_s"] * cells["tokens_per_step"]
     assert product == pytest.approx(level["output_throughput"], rel=1e-4)   # the cells carry 6 significant digits

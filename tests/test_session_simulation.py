@@ -69,7 +69,7 @@ def test_judge_first_is_the_gates_verdict_on_the_first_blocks(pool):
     for m in (2, 4):
         verdict = sim.judge_first(pool, run, m, POLICY)
         throughput = [c for c in verdict.primary if c.metric == "output_throughput"]
-        assert [c.level for c in throughput] == list(pool.concurrency)
+        assert [c.level.concurrency for c in throughput] == list(pool.concurrency)
         assert all(c.repeats == m and not c.reasons for c in throughput)
     assert sim.judge_first(pool, run, 2, POLICY).status != Status.PASS   # below min_sessions: never a PASS
 

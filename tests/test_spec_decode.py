@@ -289,9 +289,9 @@ def test_repeats_are_pooled_by_counts_not_averaged_ratios():
     from harness.rundir.schema import Manifest
 
     frame = pd.DataFrame([
-        {"arm": "candidate", "concurrency": 4, "spec_drafts": 100, "spec_draft_tokens": 200,
+        {"arm": "candidate", "level": "random-i64-o32-c4", "concurrency": 4, "spec_drafts": 100, "spec_draft_tokens": 200,
          "spec_accepted_tokens": 200, "acceptance_rate": 1.0, "acceptance_length": 3.0, "acceptance_per_pos": "1;1"},
-        {"arm": "candidate", "concurrency": 4, "spec_drafts": 300, "spec_draft_tokens": 600,
+        {"arm": "candidate", "level": "random-i64-o32-c4", "concurrency": 4, "spec_drafts": 300, "spec_draft_tokens": 600,
          "spec_accepted_tokens": 0, "acceptance_rate": 0.0, "acceptance_length": 1.0, "acceptance_per_pos": "0;0"},
     ])
     (row,) = mtp_section(frame, Manifest(run_id="r", scenario={"mtp": {"num_speculative_tokens": 2}}))["rows"]

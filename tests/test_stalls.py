@@ -9,13 +9,14 @@ from harness.judge import calibration, stalls, verdict
 from harness.judge.cells import build_cells
 from harness.judge.policy import GatePolicy, Status
 from harness.judge.validity import check_validity
-from harness.rundir.schema import REQUEST_COLUMNS, Manifest
+from harness.rundir.schema import REQUEST_COLUMNS, Level, Manifest
 from harness.run.scenario import ScenarioError, load_scenario
 
 SESSIONS, ROUNDS = 6, 4
-STALLED = ("baseline", 1, 9)          # session 2, its second round: a third of the throughput
-STOLEN = ("candidate", 1, 14)         # session 3: 25 % of the host's ticks stolen
-FAST = ("candidate", 1, 5)            # session 1: a fast outlier (439 vs ≈ 300 tok/s, as recorded on this machine)
+C1 = Level("random", 64, 32, 1)
+STALLED = ("baseline", C1, 9)         # session 2, its second round: a third of the throughput
+STOLEN = ("candidate", C1, 14)        # session 3: 25 % of the host's ticks stolen
+FAST = ("candidate", C1, 5)           # session 1: a fast outlier (439 vs ≈ 300 tok/s, as recorded on this machine)
 
 
 def _manifest():
@@ -31,13 +32,14 @@ def _levels(steal=True):
     for arm in ("baseline", "candidate"):
         for r in range(SESSIONS * ROUNDS):
             value = 300.0 * (1 + 0.01 * ((r * 7 + 3 * (arm == "candidate")) % 5 - 2))
-            if (arm, 1, r) == STALLED:
+            if (arm, C1, r) == STALLED:
                 value = 100.0
-            if (arm, 1, r) == FAST:
+            if (arm, C1, r) == FAST:
                 value = 439.0
-            rows.append({"arm": arm, "session": r // ROUNDS, "round": r, "concurrency": 1, "completed": 8,
+            rows.append({"arm": arm, "session": r // ROUNDS, "round": r,
+                         "level": "random-i64-o32-c1", "concurrency": 1, "completed": 8,
                          "failed": 0, "output_throughput": value,
-                         "host_steal_fraction": 0.25 if steal and (arm, 1, r) == STOLEN else 0.01})
+                         "host_steal_fraction": 0.25 if steal and (arm, C1, r) == STOLEN else 0.01})
     return pd.DataFrame(rows)
 
 
@@ -78,7 +80,7 @@ def test_a_round_slow_in_both_arms_of_its_block_is_excluded_one_slow_in_its_own_
     paired = (levels["arm"] == "candidate") & (levels["round"] == 9)       # session 2, second round: as STALLED
     levels.loc[paired, "output_throughput"] = 110.0
     by_key = {s.key: s for s in stalls.find_stalls(levels, max_steal_fraction=0.10, estimator="exclude-stalls")}
-    assert by_key[STALLED].excluded and by_key[("candidate", 1, 9)].excluded
+    assert by_key[STALLED].excluded and by_key[("candidate", C1, 9)].excluded
     assert "paired candidate round r9" in by_key[STALLED].reason
     assert not by_key[FAST].excluded
 
@@ -100,7 +102,7 @@ def test_mean_keeps_flagged_rounds_and_says_so():
     result = _evaluate(_levels(steal=False), "mean")
     assert {s.key for s in result.stalls} == {STALLED, FAST} and not any(s.excluded for s in result.stalls)
     note = next(n for n in result.notes if "stalled round" in n)
-    assert "kept" in note and "baseline c=1 r9 (session 2)" in note
+    assert "kept" in note and "baseline c=1 · 64→32 random r9 (session 2)" in note
 
 
 def test_steal_invalidates_the_level_under_mean_and_is_excluded_otherwise():
@@ -109,7 +111,8 @@ def test_steal_invalidates_the_level_under_mean_and_is_excluded_otherwise():
     assert result.primary[0].status != Status.INVALID
     assert {s.key for s in result.stalls if s.excluded} == {STOLEN}
     note = next(n for n in result.notes if "stalled round" in n)
-    assert "excluded from the cells" in note and "candidate c=1 r14 (session 3): host CPU steal time was 25.0 %" in note
+    assert "excluded from the cells" in note
+    assert "candidate c=1 · 64→32 random r14 (session 3): host CPU steal time was 25.0 %" in note
 
 
 def test_excluded_rounds_leave_the_session_mean():
@@ -208,7 +211,7 @@ def test_the_mean_keeps_every_round_on_the_recorded_sessions():
     cells = build_cells(manifest, levels, requests, None, policy, report, diagnostics=False)
     by_level = {c.level: c for c in cells}
     for level, cell in by_level.items():
-        expected = levels[(levels["arm"] == "baseline") & (levels["concurrency"] == level)] \
+        expected = levels[(levels["arm"] == "baseline") & (levels["concurrency"] == level.concurrency)] \
             .groupby("session")["output_throughput"].mean()
         assert [v[0] for v in cell.baseline] == pytest.approx(expected.loc[list(cell.repeats)].tolist())
 
@@ -227,7 +230,8 @@ def test_the_gate_writes_the_flagged_rounds_into_verdict_json_and_summary(tmp_pa
     manifest["scenario"]["gate"] = {"primary": ["output_throughput"], "estimator": "exclude-stalls"}
     result = gate.run_gate(aa.write_run(tmp_path / "run", manifest, levels, requests, None))
     document = json.loads((result.run_dir / gate.VERDICT).read_text())
-    row = {"arm": "baseline", "concurrency": 4, "round": int(levels.loc[stalled, "round"])}
+    row = {"arm": "baseline", "level": levels.loc[stalled, "level"], "concurrency": 4,
+           "round": int(levels.loc[stalled, "round"])}
     assert [{k: s[k] for k in row} for s in document["stalls"] if s["excluded"]] == [row]
     assert "1 stalled round(s) flagged" in (result.run_dir / gate.SUMMARY).read_text()
 
@@ -239,7 +243,8 @@ def test_with_one_round_per_session_only_steal_flags_a_round():
     from harness.judge.stalls import find_stalls
 
     values = [100.0, 101.0, 99.0, 100.5, 99.5, 60.0]            # the last far outside: |z| > 3.5 over the rounds
-    rows = pd.DataFrame({"arm": "baseline", "concurrency": 4, "round": range(6), "session": range(6),
+    rows = pd.DataFrame({"arm": "baseline",
+                         "level": "random-i64-o32-c4", "concurrency": 4, "round": range(6), "session": range(6),
                          "output_throughput": values, "host_steal_fraction": [0.0] * 5 + [0.2]})
     (only,) = find_stalls(rows, max_steal_fraction=0.1, estimator="median")
     assert only.round == 5 and "steal" in only.reason and "z-score" not in only.reason

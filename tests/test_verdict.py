@@ -35,6 +35,7 @@ QUIET_SESSIONS = 8
 ≥ 90 % of resamples; the real machine's figures come from the session recording (tests/test_session_simulation.py,
 harness.judge.planning, README)."""
 from harness.judge.verdict import CellInput
+from harness.rundir.schema import Regime
 
 _SPEC = importlib.util.spec_from_file_location(
     "aa_split", Path(__file__).parent / "fixtures" / "recorded" / "aa_split.py")
@@ -42,6 +43,7 @@ aa = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(aa)
 
 PERF = GatePolicy(primary=("output_throughput", "mean_tpot_ms"))
+SHORT = Regime("random", 64, 32)   # the regime of the hand-made cells
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,9 @@ def test_policy_rejects_bad_fields(fields, match):
 
 
 def _tput_cell(ratio, sd, repeats=8, level=1):
-    """Per-repeat throughputs whose paired log ratios are exactly log(ratio) ± sd (zero-mean, deterministic)."""
+    """Per-repeat throughputs whose paired log ratios are exactly log(ratio) ± sd (zero-mean, deterministic), at
+    concurrency ``level`` of one regime."""
+    level = SHORT.at(level)
     wiggle = sd * np.resize([1.0, -1.0, 0.5, -0.5], repeats)
     wiggle -= wiggle.mean()
     base = 100 * np.exp(np.linspace(-0.01, 0.01, repeats))
@@ -145,7 +149,7 @@ def test_one_repeat_is_inconclusive_not_pass():
 
 def test_overall_precedence():
     def results(*statuses):
-        return [verdict.CellResult("output_throughput", i, True, s) for i, s in enumerate(statuses)]
+        return [verdict.CellResult("output_throughput", SHORT.at(i + 1), True, s) for i, s in enumerate(statuses)]
 
     assert verdict.overall(results(Status.PASS, Status.PASS))[0] == Status.PASS
     assert verdict.overall(results(Status.PASS, Status.INCONCLUSIVE))[0] == Status.INCONCLUSIVE
@@ -157,7 +161,7 @@ def test_overall_precedence():
 
 
 def test_invalid_cell_is_never_tested():
-    cell = CellInput("output_throughput", 1, invalid=("baseline r0: 3 of 10 requests failed",))
+    cell = CellInput("output_throughput", SHORT.at(1), invalid=("baseline r0: 3 of 10 requests failed",))
     result = verdict.decide([cell, _tput_cell(1.0, 0.001, level=2)], PERF)
     assert result[0].status == Status.INVALID and result[0].p_pass is None
     assert verdict.overall(result)[0] == Status.INVALID
@@ -181,7 +185,7 @@ def _mutate_levels(run, column, value, arm="candidate", level=4, repeat=2):
 
 def _mutate_status(run, status):
     manifest, levels, requests = _copy(run)
-    aa.arm(manifest, "candidate")["levels"]["c4-r2"]["status"] = status
+    aa.arm(manifest, "candidate")["levels"][aa.level_key(manifest, 4, 2)]["status"] = status
     return manifest, levels, requests
 
 
@@ -282,10 +286,10 @@ def test_heavy_steal_invalidates_the_level_under_the_mean_and_is_excluded_under_
     stolen = _mutate_levels(run8, "host_steal_fraction", 0.25)
     mean = _evaluate(stolen, PERF.model_copy(update={"estimator": "mean"}))
     bad = [c for c in mean.primary if c.status == Status.INVALID]
-    assert bad and all(c.level == 4 for c in bad) and all("steal time was 25.0 %" in c.note() for c in bad)
+    assert bad and all(c.level.concurrency == 4 for c in bad) and all("steal time was 25.0 %" in c.note() for c in bad)
     robust = _evaluate(stolen, PERF.model_copy(update={"estimator": "median"}))
     assert not [c for c in robust.primary if c.status == Status.INVALID]
-    assert [(s.arm, s.concurrency, s.round, s.excluded) for s in robust.stalls
+    assert [(s.arm, s.level.concurrency, s.round, s.excluded) for s in robust.stalls
             if "steal" in s.reason] == [("candidate", 4, 2, True)]
 
 

@@ -10,14 +10,18 @@ from harness.judge.cells import build_cells
 from harness.judge.policy import GatePolicy, Status
 from harness.judge.validity import check_validity
 from harness.judge.verdict import CellInput
-from harness.rundir.schema import REQUEST_COLUMNS, Manifest
+from harness.rundir.schema import REQUEST_COLUMNS, Manifest, Regime
+
+SHORT = Regime("random", 64, 32)
+LONG = Regime("random", 8192, 64)
 
 TPUT = GatePolicy(primary=("output_throughput",), min_sessions=2)
 MTP = GatePolicy(primary=("acceptance_length",), min_sessions=2)
 
 
 def _cell(metric, level, base, cand):
-    return CellInput(metric, level, tuple(np.array([v], dtype=float) for v in base),
+    """A cell at concurrency ``level`` of one regime."""
+    return CellInput(metric, SHORT.at(level), tuple(np.array([v], dtype=float) for v in base),
                      tuple(np.array([v], dtype=float) for v in cand), tuple(range(len(base))))
 
 
@@ -71,6 +75,31 @@ def test_pooled_hypothesis_fails_a_consistent_loss_no_single_level_shows():
     assert all(r.p_fail > 0.05 for r in per_level)
     assert verdict.overall(per_level + [pooled])[0] == Status.FAIL
     assert "Holm" in policy.describe() and "intersection–union" in policy.describe()
+
+
+def test_each_regime_has_its_own_pooled_hypothesis_so_a_long_context_loss_is_not_averaged_away():
+    """Issue #26: a 6 % loss at every long-context level that no level shows alone FAILs the long regime's pooled
+    hypothesis (Holm over {both pooled hypotheses, every level}); one pool over both regimes' levels would sit at the
+    −3 % margin (the clean short levels halve it) and reject nothing."""
+    patterns = ([1, -1, 0], [-1, 0, 1], [0, 1, -1], [1, 0, -1])
+    long_cells = [CellInput("output_throughput", LONG.at(c),
+                            *_values([100.0] * 3, 94.0 * np.exp(0.02 * np.array(p, dtype=float))))
+                  for c, p in zip((1, 2, 4, 8), patterns)]
+    short_cells = [_cell("output_throughput", c, [100.0] * 3, [100.2, 99.9, 100.1]) for c in (1, 2, 4, 8)]
+    policy = GatePolicy(primary=("output_throughput",), min_sessions=2)
+    results = verdict.decide(short_cells + long_cells, policy)
+    pooled = {r.regime: r for r in results if r.pooled}
+    assert set(pooled) == {SHORT, LONG} and pooled[LONG].status == Status.FAIL and pooled[SHORT].status is None
+    assert pooled[LONG].where == "all levels of 8192→64 random (pooled)"
+    assert not [r for r in results if not r.pooled and r.status == Status.FAIL]
+    assert verdict.overall(results)[0] == Status.FAIL
+    one_pool = verdict._pooled("output_throughput", SHORT, short_cells + long_cells, policy)[0]
+    assert one_pool.delta == pytest.approx(-3.0, abs=0.05) and one_pool.p_fail > 0.4
+
+
+def _values(base, cand):
+    return (tuple(np.array([v], dtype=float) for v in base), tuple(np.array([v], dtype=float) for v in cand),
+            tuple(range(len(base))))
 
 
 def test_a_loss_at_one_level_fails_that_level_though_the_pooled_mean_is_within_the_margin():

@@ -26,6 +26,7 @@ import pandas as pd
 from scipy.stats import chi2, t as student_t
 
 from harness.judge.stalls import excludes, find_stalls
+from harness.rundir.schema import Level
 
 __all__ = ["Spread", "paired_spread", "detectable_loss"]
 
@@ -35,7 +36,7 @@ class Spread:
     """Paired session spread of one metric at one level: ``sd`` of the per-session log ratio over ``pairs`` pairs
     (``upper``: its one-sided 95 % upper bound; NaN below 2 pairs)."""
 
-    concurrency: int
+    level: Level
     pairs: int
     sd: float
     upper: float
@@ -47,7 +48,7 @@ def kept_rounds(rows: pd.DataFrame, estimator: str, max_steal_fraction: float) -
     if not excludes(estimator):
         return rows
     flagged = {s.key for s in find_stalls(rows, max_steal_fraction=max_steal_fraction, estimator=estimator)}
-    keys = zip(rows["arm"].astype(str), rows["concurrency"].astype(int), rows["round"].astype(int))
+    keys = zip(rows["arm"].astype(str), map(Level.parse, rows["level"]), rows["round"].astype(int))
     return rows[[key not in flagged for key in keys]]
 
 
@@ -63,19 +64,20 @@ def paired_spread(levels: pd.DataFrame, column: str = "output_throughput", *,
     rows = kept_rounds(rows[rows[column] > 0], estimator, max_steal_fraction)
     location = "median" if estimator == "median" else "mean"
     out = []
-    for level, frame in rows.groupby("concurrency"):
+    for text, frame in rows.groupby("level"):
+        level = Level.parse(text)
         logs = frame.assign(log=np.log(frame[column].astype(float)))
         means = logs.groupby(["arm", "session"])["log"].agg(location)
         base, cand = means.get(baseline), means.get(candidate)
         common = sorted(set(base.index) & set(cand.index)) if base is not None and cand is not None else []
         d = np.array([cand[s] - base[s] for s in common])
         if d.size < 2:
-            out.append(Spread(int(level), int(d.size), math.nan, math.nan))
+            out.append(Spread(level, int(d.size), math.nan, math.nan))
             continue
         sd = float(d.std(ddof=1))
         upper = sd * math.sqrt((d.size - 1) / chi2.ppf(0.05, d.size - 1))
-        out.append(Spread(int(level), int(d.size), sd, float(upper)))
-    return out
+        out.append(Spread(level, int(d.size), sd, float(upper)))
+    return sorted(out, key=lambda spread: spread.level)
 
 
 def detectable_loss(sd: float, pairs: int, margin_pct: float, level: float, power: float = 0.8) -> float:

@@ -11,9 +11,10 @@ import numpy as np
 from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
 from harness.judge.stalls import location_rounds
-from harness.judge.validity import ValidityReport
+from harness.judge.validity import ValidityReport, keyed_groups, keyed_rows
 from harness.metrics import OPTIONAL_COLUMNS, SERVER_SIDE, succeeded
-from harness.rundir.schema import Manifest
+from harness.rundir.schema import Level, Manifest
+from harness.rundir.v2 import with_level_column
 from harness.metrics import finite_float
 
 
@@ -31,7 +32,7 @@ class CellInput:
     """
 
     metric: str
-    level: int | None
+    level: Level | None
     baseline: tuple[np.ndarray, ...] = ()
     candidate: tuple[np.ndarray, ...] = ()
     repeats: tuple[int, ...] = ()
@@ -69,23 +70,20 @@ def _spec_rate(row) -> float | None:
 
 def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
                 validity: ValidityReport, *, diagnostics: bool = True,
-                excluded: Mapping[tuple[str, int, int], str] | None = None) -> list[CellInput]:
+                excluded: Mapping[tuple[str, Level, int], str] | None = None) -> list[CellInput]:
     """The primary cells (every primary metric × every policy level, plus GSM8K) and, optionally, diagnostic ones.
 
-    A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``{(arm, concurrency, round):
+    A cell uses the repeats that are valid in both arms, less the ``excluded`` rounds ``{(arm, level, round):
     why}`` (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's
     rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID.
     Missing data (no levels.csv column, no requests.csv rows, no accuracy.csv, no MTP counters) makes a primary cell
     INVALID with a reason naming the file and the fix.
     """
+    levels, requests = (with_level_column(frame, manifest.scenario_data()) for frame in (levels, requests))
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
-    wanted_levels = policy.levels if policy.levels is not None else validity.levels
-    rows = levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
-    level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
-                  rows.set_index(["arm", "concurrency", "round"]).iterrows()} if len(rows) else {}
-    ok_requests = succeeded(requests) if len(requests) else requests
-    request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
-                      ok_requests.groupby(["arm", "concurrency", "round"])} if len(ok_requests) else {}
+    wanted_levels = policy.wanted_levels(validity.levels)
+    level_rows = keyed_rows(levels)
+    request_groups = keyed_groups(succeeded(requests) if len(requests) else requests)
     names = list(policy.primary)
     if diagnostics:
         names += [n for n in DIAGNOSTIC if n not in policy.primary]
@@ -123,12 +121,12 @@ def _has_spec_data(levels) -> bool:
                for c in ("acceptance_length", "spec_drafts"))
 
 
-def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityReport, level_rows, request_groups,
+def _level_cell(spec: Metric, level: Level, primary: bool, validity: ValidityReport, level_rows, request_groups,
                 levels, policy: GatePolicy, base: str, cand: str,
-                excluded: Mapping[tuple[str, int, int], str]) -> CellInput:
+                excluded: Mapping[tuple[str, Level, int], str]) -> CellInput:
     reasons = [r for arm in (base, cand) for r in validity.arm_reasons.get(arm, [])]
     if level not in validity.levels:
-        reasons.append(f"level {level} is not in this run")
+        reasons.append(f"level {level.label()} is not in this run")
     reasons += validity.level_reasons(level)
     if spec.unit == "ms" and spec.name not in OPTIONAL_COLUMNS:   # the engine's own figures see no client-side burst
         reasons += validity.level_latency_reasons(level)
@@ -177,10 +175,11 @@ def _level_cell(spec: Metric, level: int, primary: bool, validity: ValidityRepor
         why = list(dict.fromkeys(excluded[(arm, level, r)] for arm in (base, cand) for r in common
                                  if (arm, level, r) in excluded))
         shown = tuple(_shown_value(spec, arm, level, level_rows, request_groups, levels) for arm in (base, cand))
-        return CellInput(spec.name, level, invalid=(f"every session's rounds at c={level} were flagged as stalled "
+        return CellInput(spec.name, level, invalid=(f"every session's rounds at {level.label()} were flagged as stalled "
                                                     f"and excluded ({'; '.join(why[:2])})",),
                          primary=primary, shown=shown)
-    notes = (f"{lost} session(s) left out: every round of theirs at c={level} was flagged as stalled",) if lost else ()
+    notes = ((f"{lost} session(s) left out: every round of theirs at {level.label()} was flagged as stalled",)
+             if lost else ())
     one_session = len(set(sessions[base])) == 1 and len(set(sessions[cand])) == 1 and len(common) > 1
     grouped = {arm: tuple(_session_values(spec, [values[arm][i] for i in kept[arm]],
                                           [sessions[arm][i] for i in kept[arm]], unit, policy.estimator)
@@ -207,7 +206,7 @@ def _session_values(spec: Metric, values: list[np.ndarray], sessions: list[int],
     return pooled if spec.source == "request" else np.array([pooled.mean()])
 
 
-def _shown_value(spec: Metric, arm: str, level: int, level_rows, request_groups, levels) -> float | None:
+def _shown_value(spec: Metric, arm: str, level: Level, level_rows, request_groups, levels) -> float | None:
     """The arm's figure over whatever repeats it has, valid or not: shown beside an INVALID cell, never tested."""
     values = []
     for (a, c, r), row in level_rows.items():

@@ -34,7 +34,7 @@ from scipy.stats import chi2
 
 from harness.judge.calibration import kept_rounds, paired_spread
 from harness.judge.planning import sessions_for_power, spread_upper_bound
-from harness.rundir.schema import LevelKey, Manifest
+from harness.rundir.schema import Level, LevelKey, Manifest
 
 __all__ = ["SpreadEstimate", "sd_interval", "complete_blocks", "pooled_spread", "level_spreads", "block_wall_s",
            "DecisionCost", "decision_cost", "run_noise", "DECISION_LOSS", "DECISION_LEVEL", "DECISION_POWER"]
@@ -48,10 +48,10 @@ DECISION_POWER = 0.90
 
 @dataclass(frozen=True)
 class SpreadEstimate:
-    """``sd`` of the per-block paired log ratio over ``pairs`` blocks (``concurrency`` None: pooled over levels), its
+    """``sd`` of the per-block paired log ratio over ``pairs`` blocks (``level`` None: pooled over levels), its
     two-sided 95 % χ² interval (``low``, ``high``) and one-sided 95 % upper bound ``upper``; NaN below 2 pairs."""
 
-    concurrency: int | None
+    level: Level | None
     pairs: int
     sd: float
     low: float
@@ -68,11 +68,11 @@ def sd_interval(sd: float, df: int, confidence: float = 0.95) -> tuple[float, fl
     return float(sd * math.sqrt(df / chi2.ppf(1.0 - tail, df))), float(sd * math.sqrt(df / chi2.ppf(tail, df)))
 
 
-def _estimate(concurrency: int | None, pairs: int, sd: float) -> SpreadEstimate:
+def _estimate(level: Level | None, pairs: int, sd: float) -> SpreadEstimate:
     if pairs < 2 or not math.isfinite(sd):
-        return SpreadEstimate(concurrency, pairs, math.nan, math.nan, math.nan, math.nan)
+        return SpreadEstimate(level, pairs, math.nan, math.nan, math.nan, math.nan)
     low, high = sd_interval(sd, pairs - 1)
-    return SpreadEstimate(concurrency, pairs, sd, low, high, spread_upper_bound(sd, pairs - 1))
+    return SpreadEstimate(level, pairs, sd, low, high, spread_upper_bound(sd, pairs - 1))
 
 
 def complete_blocks(levels: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -82,8 +82,8 @@ def complete_blocks(levels: pd.DataFrame, column: str) -> pd.DataFrame:
     rows = rows[rows[column] > 0]
     if rows.empty:
         return rows
-    wanted = rows["concurrency"].nunique()
-    counts = rows.groupby(["arm", "session", "concurrency"]).size().unstack("concurrency")
+    wanted = rows["level"].nunique()
+    counts = rows.groupby(["arm", "session", "level"]).size().unstack("level")
     balanced = counts[(counts.notna().sum(axis=1) == wanted) & (counts.nunique(axis=1) == 1)].index
     keep = pd.MultiIndex.from_frame(rows[["arm", "session"]]).isin(balanced)
     rows = rows[keep]
@@ -95,7 +95,7 @@ def complete_blocks(levels: pd.DataFrame, column: str) -> pd.DataFrame:
 def level_spreads(levels: pd.DataFrame, column: str = "output_throughput", **options: Any) -> list[SpreadEstimate]:
     """:class:`SpreadEstimate` of ``column`` at every level (``options`` go to
     :func:`harness.judge.calibration.paired_spread`)."""
-    return [_estimate(row.concurrency, row.pairs, row.sd) for row in paired_spread(levels, column, **options)]
+    return [_estimate(row.level, row.pairs, row.sd) for row in paired_spread(levels, column, **options)]
 
 
 def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", *, estimator: str = "mean",
@@ -110,7 +110,7 @@ def pooled_spread(levels: pd.DataFrame, column: str = "output_throughput", *, es
         return _estimate(None, 0, math.nan)
     location = "median" if estimator == "median" else "mean"
     per_level = (rows.assign(log=np.log(rows[column].astype(float)))
-                 .groupby(["arm", "session", "concurrency"])["log"].agg(location).unstack("concurrency"))
+                 .groupby(["arm", "session", "level"])["log"].agg(location).unstack("level"))
     per_session = per_level.dropna().mean(axis=1)
     if per_session.index.get_level_values("arm").nunique() != 2:
         return _estimate(None, 0, math.nan)
@@ -181,8 +181,15 @@ def run_noise(manifest: Manifest, levels: pd.DataFrame, column: str = "output_th
     pooled = pooled_spread(levels, column, **options)
     wall, timed = block_wall_s(manifest)
     cost = decision_cost(pooled.sd, pooled.upper, wall)
-    return _plain({"column": column, "levels": [asdict(s) for s in level_spreads(levels, column, **options)],
-                   "pooled": asdict(pooled), "blocks_timed": timed, **asdict(cost)})
+    return _plain({"column": column, "levels": [_spread_data(s) for s in level_spreads(levels, column, **options)],
+                   "pooled": _spread_data(pooled), "blocks_timed": timed, **asdict(cost)})
+
+
+def _spread_data(spread: SpreadEstimate) -> dict[str, Any]:
+    """A :class:`SpreadEstimate` as JSON data: its level as ``level`` (the id) and ``concurrency`` (None pooled)."""
+    level = spread.level
+    return {**asdict(spread), "level": None if level is None else str(level),
+            "concurrency": None if level is None else level.concurrency}
 
 
 def _plain(value: Any) -> Any:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, MTP_POSITIONS, Metric
 from harness.judge.divergence import TOKEN_TOLERANCE
 from harness.judge.stalls import Estimator
-from harness.rundir.schema import SEVERITY, Status
+from harness.rundir.schema import SEVERITY, Level, Status, level_regimes
 
 __all__ = ["Status", "SEVERITY", "Metric", "METRICS", "DEFAULT_PRIMARY", "RECOMMENDED_REPEATS", "GatePolicy"]
 
@@ -59,7 +59,7 @@ class GatePolicy(BaseModel):
         [gate]
         primary = ["output_throughput", "mean_tpot_ms", "gsm8k_accuracy", "acceptance_length"]
         alpha = 0.05
-        levels = [1, 8]              # default: every level of the run
+        levels = [1, 8]              # concurrencies to gate, in every regime (default: every level of the run)
         min_sessions = 4             # server sessions per arm a throughput/latency PASS or FAIL needs
         max_sessions = 10            # optional: group-sequential, stop at PASS/FAIL between 4 and 10 sessions
         estimator = "exclude-stalls" # the default: within-session location of rounds ("mean", "median")
@@ -149,6 +149,17 @@ class GatePolicy(BaseModel):
         if value is not None and (not value or any(level <= 0 for level in value)):
             raise ValueError("levels must be positive concurrencies (omit the key for every level of the run)")
         return None if value is None else tuple(sorted(set(value)))
+
+    def wanted_levels(self, levels: Sequence[Level]) -> tuple[Level, ...]:
+        """The run's ``levels`` the gate judges: those whose concurrency is in ``levels`` (in every regime that has
+        it), or all of them when the policy names none. A named concurrency no regime has becomes a level of the
+        first regime, judged INVALID ("not in this run"), so a policy that asks for it never PASSes without it."""
+        if self.levels is None:
+            return tuple(levels)
+        found = {level for level in levels if level.concurrency in self.levels}
+        regimes = level_regimes(levels)
+        lacking = [c for c in self.levels if all(level.concurrency != c for level in found)]
+        return tuple(sorted(found | ({regimes[0].at(c) for c in lacking} if regimes else set())))
 
     @model_validator(mode="after")
     def _sequential_range(self) -> "GatePolicy":

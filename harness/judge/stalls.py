@@ -1,6 +1,6 @@
 """Stalled rounds and the within-session location of rounds (the ``[gate] estimator`` rule, fixed before the data).
 
-A *round* is one ``levels.csv`` row (arm, concurrency, round). It is flagged as stalled (:func:`find_stalls`) when
+A *round* is one ``levels.csv`` row (arm, level, round). It is flagged as stalled (:func:`find_stalls`) when
 
 - its host CPU steal share (``host_steal_fraction``, stolen / all ``/proc/stat`` ticks over the level) exceeds the
   policy's ``max_steal_fraction``, or
@@ -45,6 +45,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from harness.rundir.schema import Level
+
 __all__ = ["ESTIMATORS", "Estimator", "MODIFIED_Z_LIMIT", "MIN_ROUNDS_FOR_Z", "Stall", "modified_z", "find_stalls",
            "excludes", "location_rounds", "describe"]
 
@@ -62,23 +64,23 @@ MAX_SHOWN = 8
 
 @dataclass(frozen=True)
 class Stall:
-    """One flagged round: ``arm``, ``concurrency``, ``round`` (levels.csv keys), ``session`` (None if not recorded),
+    """One flagged round: ``arm``, ``level``, ``round`` (levels.csv keys), ``session`` (None if not recorded),
     ``reason`` (one line), ``excluded`` (whether the policy's estimator left it out of the cells)."""
 
     arm: str
-    concurrency: int
+    level: Level
     round: int
     session: int | None
     reason: str
     excluded: bool
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        return self.arm, self.concurrency, self.round
+    def key(self) -> tuple[str, Level, int]:
+        return self.arm, self.level, self.round
 
     def to_dict(self) -> dict:
-        return {"arm": self.arm, "concurrency": self.concurrency, "round": self.round, "session": self.session,
-                "reason": self.reason, "excluded": self.excluded}
+        return {"arm": self.arm, "level": str(self.level), "concurrency": self.level.concurrency,
+                "round": self.round, "session": self.session, "reason": self.reason, "excluded": self.excluded}
 
 
 def excludes(estimator: str) -> bool:
@@ -97,8 +99,8 @@ def modified_z(values: np.ndarray) -> np.ndarray:
 
 
 def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
-                rounds: dict[tuple[str, int], set[int]] | None = None) -> list[Stall]:
-    """The flagged rounds of ``levels`` (a levels.csv frame), in (arm, concurrency, round) order.
+                rounds: dict[tuple[str, Level], set[int]] | None = None) -> list[Stall]:
+    """The flagged rounds of ``levels`` (a levels.csv frame), in (arm, level, round) order.
 
     A flagged round is excluded (under an estimator that excludes) only on *exogenous* evidence — something other
     than its own slowness says the host, not the arm, caused it (:func:`_exogenous`); a round flagged by its
@@ -106,19 +108,20 @@ def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
     on the hot path) carries them into its mean (issue #24: the arm's own-rounds rule removed exactly those rounds and
     PASSed a candidate 8.8 % slower in 69 % of runs).
 
-    ``rounds``: ``{(arm, concurrency): {round}}`` — only these rounds are judged and form the spread (the gate passes
+    ``rounds``: ``{(arm, level): {round}}`` — only these rounds are judged and form the spread (the gate passes
     the rounds that passed validity); None: every row."""
     if not len(levels):
         return []
-    rows = levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
+    rows = levels.drop_duplicates(["arm", "level", "round"], keep="last")
+    rows = rows[[Level.parse(v) is not None for v in rows["level"]]]
     if rounds is not None:
-        keep = [rounds.get((str(a), int(c)), set()) for a, c in zip(rows["arm"], rows["concurrency"])]
+        keep = [rounds.get((str(a), Level.parse(v)), set()) for a, v in zip(rows["arm"], rows["level"])]
         rows = rows[[int(r) in k for r, k in zip(rows["round"], keep)]]
     rows = rows.assign(_slot=_slots(rows))
-    z_of: dict[tuple[str, int, int], float] = {}
-    steal_reason: dict[tuple[str, int, int], str] = {}
-    for (arm, level), frame in rows.groupby(["arm", "concurrency"], sort=True):
-        arm, level = str(arm), int(level)
+    z_of: dict[tuple[str, Level, int], float] = {}
+    steal_reason: dict[tuple[str, Level, int], str] = {}
+    for (arm, level), frame in rows.groupby(["arm", "level"], sort=True):
+        arm, level = str(arm), Level.parse(level)
         if "host_steal_fraction" in frame.columns:
             for r, share in zip(frame["round"], frame["host_steal_fraction"].astype(float)):
                 if math.isfinite(share) and share > max_steal_fraction:
@@ -131,19 +134,19 @@ def find_stalls(levels, *, max_steal_fraction: float, estimator: str,
                 z = modified_z(np.log(value[ok].to_numpy()))
                 z_of.update({(arm, level, int(r)): float(score) for r, score in zip(frame.loc[ok, "round"], z)})
     loaded = _load_outliers(rows)
-    slot_of = {(str(a), int(c), int(r)): slot for a, c, r, slot in
-               zip(rows["arm"], rows["concurrency"], rows["round"], rows["_slot"])}
+    slot_of = {(str(a), Level.parse(v), int(r)): slot for a, v, r, slot in
+               zip(rows["arm"], rows["level"], rows["round"], rows["_slot"])}
     by_slot = {(a, c, slot): r for (a, c, r), slot in slot_of.items()}
     arms = sorted(set(rows["arm"].astype(str)))
-    sessions = {(str(a), int(c), int(r)): s for a, c, r, s in
-                zip(rows["arm"], rows["concurrency"], rows["round"], rows["session"])} if "session" in rows else {}
+    sessions = {(str(a), Level.parse(v), int(r)): s for a, v, r, s in
+                zip(rows["arm"], rows["level"], rows["round"], rows["session"])} if "session" in rows else {}
     out = []
     for key in sorted(set(steal_reason) | {k for k, z in z_of.items() if abs(z) > MODIFIED_Z_LIMIT}):
         arm, level, r = key
         reasons = [steal_reason[key]] if key in steal_reason else []
         if abs(z_of.get(key, 0.0)) > MODIFIED_Z_LIMIT:
             reasons.append(f"log {STALL_COLUMN} modified z-score {z_of[key]:+.1f} (|z| > {MODIFIED_Z_LIMIT:g} over "
-                           f"the arm's rounds at c={level})")
+                           f"the arm's rounds at {level.label()})")
         evidence = _exogenous(key, steal_reason, loaded, z_of, slot_of, by_slot, arms)
         if evidence and key not in steal_reason:
             reasons.append(evidence)
@@ -161,18 +164,19 @@ def _slots(rows) -> list[tuple[int, int]]:
     sessions are not recorded (version-1 rows: round ``r`` of both arms form a block)."""
     if "session" not in rows.columns or rows["session"].isna().all():
         return [(int(r), 0) for r in rows["round"]]
-    rank = rows.groupby(["arm", "concurrency", "session"])["round"].rank(method="first").astype(int) - 1
+    rank = rows.groupby(["arm", "level", "session"])["round"].rank(method="first").astype(int) - 1
     return [(int(s), int(k)) for s, k in zip(rows["session"], rank)]
 
 
-def _load_outliers(rows) -> dict[tuple[str, int, int], str]:
+def _load_outliers(rows) -> dict[tuple[str, Level, int], str]:
     """Rounds whose 1-minute host load average (``load_avg_1m``) is a high outlier (modified z > the limit) among the
     rounds of both arms at the level: another job's load, since the benchmark's own is the same for every round of a
     level (Iglewicz & Hoaglin's rule, as for throughput)."""
     out = {}
     if "load_avg_1m" not in rows.columns:
         return out
-    for level, frame in rows.groupby("concurrency"):
+    for text, frame in rows.groupby("level"):
+        level = Level.parse(text)
         load = frame["load_avg_1m"].astype(float)
         ok = np.isfinite(load)
         if ok.sum() < MIN_ROUNDS_FOR_Z:
@@ -180,8 +184,8 @@ def _load_outliers(rows) -> dict[tuple[str, int, int], str]:
         z = modified_z(load[ok].to_numpy())
         for a, r, score, value in zip(frame.loc[ok, "arm"], frame.loc[ok, "round"], z, load[ok]):
             if score > MODIFIED_Z_LIMIT:
-                out[(str(a), int(level), int(r))] = (f"host load average {value:.1f} (modified z {score:+.1f} over "
-                                                     f"both arms' rounds at c={int(level)})")
+                out[(str(a), level, int(r))] = (f"host load average {value:.1f} (modified z {score:+.1f} over "
+                                                f"both arms' rounds at {level.label()})")
     return out
 
 
@@ -230,7 +234,7 @@ def describe(stalls: Sequence[Stall], estimator: str) -> str | None:
     fate = (f"{dropped} excluded from the cells on exogenous evidence, {len(stalls) - dropped} kept"
             if excludes(estimator)
             else "kept (estimator = \"mean\" weighs every valid round; steal above the limit makes the level INVALID)")
-    shown = [f"{s.arm} c={s.concurrency} r{s.round}" + ("" if s.session is None else f" (session {s.session})")
+    shown = [f"{s.arm} {s.level.label()} r{s.round}" + ("" if s.session is None else f" (session {s.session})")
              + f": {s.reason}" for s in stalls[:MAX_SHOWN]]
     more = f"; … and {len(stalls) - MAX_SHOWN} more (verdict.json: stalls)" if len(stalls) > MAX_SHOWN else ""
     return (f"{len(stalls)} stalled round(s) flagged (steal above the limit, or a modified z-score beyond "

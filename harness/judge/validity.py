@@ -15,7 +15,8 @@ import numpy as np
 from harness.judge.policy import GatePolicy
 from harness.judge.stalls import excludes
 from harness.metrics import achieved_concurrency, succeeded
-from harness.rundir.schema import ArmRecord, LevelState, Manifest, level_state
+from harness.rundir.schema import ArmRecord, Level, LevelState, Manifest, level_state, workload_levels
+from harness.rundir.v2 import with_level_column
 from harness.metrics import finite_float
 
 __all__ = ["ValidityReport", "check_validity"]
@@ -34,7 +35,8 @@ class ValidityReport:
         no_requests: ``{(arm, level): {round}}`` — done rounds without requests.csv rows (request metrics only).
         levels: every level the run planned or holds.
         not_checked: checks that could not run on this data, with why.
-        failures: one record per failed check ``{arm, concurrency, round, check, detail}``.
+        failures: one record per failed check ``{arm, level, concurrency, round, check, detail}`` (``level``
+            ``str(Level)``).
         latency_reasons: ``{(arm, level): [detail]}`` — reasons that make only the level's latency cells (unit
             "ms") INVALID, e.g. coalesced streams; throughput stays valid.
         performance_reasons: reasons that make every throughput and latency cell INVALID (the arms ran different
@@ -42,30 +44,32 @@ class ValidityReport:
     """
 
     arms: dict[str, str]
-    reasons: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    reasons: dict[tuple[str, Level], list[str]] = field(default_factory=dict)
     arm_reasons: dict[str, list[str]] = field(default_factory=dict)
-    done: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    no_requests: dict[tuple[str, int], set[int]] = field(default_factory=dict)
-    levels: tuple[int, ...] = ()
+    done: dict[tuple[str, Level], set[int]] = field(default_factory=dict)
+    no_requests: dict[tuple[str, Level], set[int]] = field(default_factory=dict)
+    levels: tuple[Level, ...] = ()
     not_checked: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
-    latency_reasons: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    latency_reasons: dict[tuple[str, Level], list[str]] = field(default_factory=dict)
     performance_reasons: list[str] = field(default_factory=list)
 
-    def fail_latency(self, arm: str, level: int, check: str, detail: str) -> None:
+    def fail_latency(self, arm: str, level: Level, check: str, detail: str) -> None:
         self.latency_reasons.setdefault((arm, level), []).append(detail)
-        self.failures.append({"arm": arm, "concurrency": level, "round": None, "check": check, "detail": detail})
+        self.failures.append({"arm": arm, "level": str(level), "concurrency": level.concurrency, "round": None,
+                              "check": check, "detail": detail})
 
-    def level_latency_reasons(self, level: int) -> list[str]:
+    def level_latency_reasons(self, level: Level) -> list[str]:
         """The level's latency-only failures for both arms: ``candidate: <detail>``."""
         return [f"{role}: {detail}" for role in ("baseline", "candidate")
                 for detail in self.latency_reasons.get((self.arms[role], level), [])]
 
-    def fail(self, arm: str, level: int, round_no: int | None, check: str, detail: str) -> None:
+    def fail(self, arm: str, level: Level, round_no: int | None, check: str, detail: str) -> None:
         self.reasons.setdefault((arm, level), []).append((round_no, detail))
-        self.failures.append({"arm": arm, "concurrency": level, "round": round_no, "check": check, "detail": detail})
+        self.failures.append({"arm": arm, "level": str(level), "concurrency": level.concurrency, "round": round_no,
+                              "check": check, "detail": detail})
 
-    def level_reasons(self, level: int) -> list[str]:
+    def level_reasons(self, level: Level) -> list[str]:
         """The level's failures for both arms, one line per distinct problem: ``baseline r0, r3: <detail>``."""
         grouped: dict[str, dict[str, list[int | None]]] = {}
         for role in ("baseline", "candidate"):
@@ -81,6 +85,24 @@ class ValidityReport:
                 who.append(role + (" " + ", ".join(shown) if shown else ""))
             lines.append(f"{' and '.join(who)}: {detail}")
         return lines
+
+
+def keyed_rows(frame) -> dict[tuple[str, Level, int], Any]:
+    """``levels.csv`` rows by ``(arm, level, round)`` (the last of duplicates; rows whose level does not parse are
+    left out — :meth:`harness.rundir.store.RunDir.levels` refuses them when read as numbers)."""
+    if not len(frame):
+        return {}
+    rows = frame.drop_duplicates(["arm", "level", "round"], keep="last")
+    return {(str(a), level, int(r)): row for (a, l, r), row in rows.set_index(["arm", "level", "round"]).iterrows()
+            if (level := Level.parse(l)) is not None}
+
+
+def keyed_groups(frame) -> dict[tuple[str, Level, int], Any]:
+    """``requests.csv`` rows grouped by ``(arm, level, round)`` (levels that do not parse left out)."""
+    if not len(frame):
+        return {}
+    return {(str(a), level, int(r)): group for (a, l, r), group in frame.groupby(["arm", "level", "round"])
+            if (level := Level.parse(l)) is not None}
 
 
 def arm_names(manifest: Manifest) -> dict[str, str]:
@@ -104,18 +126,15 @@ def _flag_value(argv: Any, flag: str) -> str | None:
     return None
 
 
-def _expected_output_len(arm: ArmRecord | None) -> int | None:
-    """Requested output length when every request must produce exactly it (``--ignore-eos``, no length range)."""
+def _exact_output_len(arm: ArmRecord | None) -> bool:
+    """Whether every request must produce exactly its level's ``output_len`` (``--ignore-eos``, no length range)."""
     argv = arm.bench_command if arm is not None else None
     if not isinstance(argv, (list, tuple)) or "--ignore-eos" not in argv:
-        return None
+        return False
     try:
-        if float(_flag_value(argv, "--random-range-ratio") or 0) != 0:
-            return None
-        length = _flag_value(argv, "--random-output-len")
-        return int(length) if length is not None else None
+        return float(_flag_value(argv, "--random-range-ratio") or 0) == 0
     except ValueError:
-        return None
+        return False
 
 
 def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> ValidityReport:
@@ -133,14 +152,14 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     share over the level above ``max_steal_fraction`` under ``estimator = "mean"`` (other estimators exclude such a
     round instead: :mod:`harness.judge.stalls`; not checked where ``host_steal_fraction`` is not recorded; the load average is recorded and shown, never judged: on a shared host it is the benchmark's own load too).
     """
+    levels, requests = (with_level_column(frame, manifest.scenario_data()) for frame in (levels, requests))
     report = ValidityReport(arms=arm_names(manifest))
-    concurrency = manifest.scenario_value("workload", "concurrency")
-    planned_levels = {int(c) for c in concurrency if finite_float(c)} if isinstance(concurrency, list) else set()
+    planned_levels = workload_levels(manifest.scenario_value("workload"))
     blocks = manifest.scenario_value("workload", "repeats")   # session blocks
     per_session = manifest.rounds_per_session()
     planned_rounds = int(blocks) * int(per_session) if finite_float(blocks) else None   # rounds in all
-    level_set = set(planned_levels) | {int(c) for c in levels["concurrency"].dropna()}
-    statuses: dict[tuple[str, int], dict[int, str]] = {}
+    level_set = set(planned_levels) | {Level.parse(v) for v in levels["level"].dropna()} - {None}
+    statuses: dict[tuple[str, Level], dict[int, str]] = {}
     stopped: set[int] = set()
     for role, arm in report.arms.items():
         record = manifest.arm(arm)
@@ -148,8 +167,8 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
             if entry.state is LevelState.STOPPED:   # no longer planned: the run stopped before it
                 stopped.add(key.round)
                 continue
-            statuses.setdefault((arm, key.concurrency), {})[key.round] = entry.status
-            level_set.add(key.concurrency)
+            statuses.setdefault((arm, key.level), {})[key.round] = entry.status
+            level_set.add(key.level)
         attestation = record.attestation if record is not None else None
         if attestation is not None and attestation.valid is False:
             mismatches = "; ".join(attestation.mismatches) or "no details"
@@ -166,15 +185,12 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     if not has_cpu:
         report.not_checked.append("client saturation: levels.csv has no client_cpu_util")
     has_requested = "requested_output_len" in requests.columns
-    level_rows = {(str(a), int(c), int(r)): row for (a, c, r), row in
-                  levels.drop_duplicates(["arm", "concurrency", "round"], keep="last")
-                  .set_index(["arm", "concurrency", "round"]).iterrows()} if len(levels) else {}
-    request_groups = {(str(a), int(c), int(r)): frame for (a, c, r), frame in
-                      requests.groupby(["arm", "concurrency", "round"])} if len(requests) else {}
+    level_rows = keyed_rows(levels)
+    request_groups = keyed_groups(requests)
     if not request_groups:
         report.not_checked.append("timeline concurrency and output lengths: requests.csv is absent or empty")
-    expected_len = {arm: _expected_output_len(manifest.arm(arm)) for arm in report.arms.values()}
-    if not has_requested and not any(v is not None for v in expected_len.values()):
+    exact_len = {arm: _exact_output_len(manifest.arm(arm)) for arm in report.arms.values()}
+    if not has_requested and not any(exact_len.values()):
         report.not_checked.append("output lengths: not an --ignore-eos run with a fixed --random-output-len")
 
     for arm in report.arms.values():
@@ -196,7 +212,8 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
                 elif round_no not in rows:
                     report.fail(arm, level, round_no, "missing", "done in manifest.json but no levels.csv row")
                 elif _check_round(report, policy, arm, level, round_no, level_rows[(arm, level, round_no)],
-                                   request_groups.get((arm, level, round_no)), expected_len[arm], has_requested):
+                                   request_groups.get((arm, level, round_no)),
+                                   level.output_len if exact_len[arm] else None, has_requested):
                     done.add(round_no)
             report.done[(arm, level)] = done
             report.no_requests[(arm, level)] = {r for r in done if (arm, level, r) not in request_groups}
@@ -268,7 +285,7 @@ def _check_idle_gpus(manifest: Manifest, report: ValidityReport) -> None:
                 continue
             for key, entry in record.level_items():
                 if entry.session == session.index:
-                    report.fail(arm, key.concurrency, key.round, "gpus_busy",
+                    report.fail(arm, key.level, key.round, "gpus_busy",
                                 f"session {session.index}'s GPUs were busy before its server started "
                                 f"({'; '.join(found)})")
     if unchecked:
@@ -294,7 +311,7 @@ def coalesced_share(frame) -> tuple[int, int]:
     return int(burst.sum()), int(len(ok))
 
 
-def _check_coalesced(report: ValidityReport, policy: GatePolicy, arm: str, level: int, frames) -> None:
+def _check_coalesced(report: ValidityReport, policy: GatePolicy, arm: str, level: Level, frames) -> None:
     """Coalesced streams over the level's valid rounds: above ``max_coalesced_fraction`` its latency cells are
     INVALID (TPOT ≈ 0 for a burst: a candidate that buffers output would look faster)."""
     counts = [coalesced_share(frame) for frame in frames]
@@ -306,7 +323,7 @@ def _check_coalesced(report: ValidityReport, policy: GatePolicy, arm: str, level
                             "are not per-token figures")
 
 
-def _check_round(report: ValidityReport, policy: GatePolicy, arm: str, level: int, round_no: int, row,
+def _check_round(report: ValidityReport, policy: GatePolicy, arm: str, level: Level, round_no: int, row,
                   frame, expected_len: int | None, has_requested: bool) -> bool:
     """Checks on one done round_no; records failures and returns whether it passed them all."""
     before = len(report.failures)
@@ -317,14 +334,15 @@ def _check_round(report: ValidityReport, policy: GatePolicy, arm: str, level: in
     elif failed / total > policy.max_failed_fraction:
         report.fail(arm, level, round_no, "failed_requests",
                     f"{failed:.0f} of {total:.0f} requests failed (> {100 * policy.max_failed_fraction:g} %)")
-    if 0 < completed < policy.min_requests_per_concurrency * level:
+    c = level.concurrency
+    if 0 < completed < policy.min_requests_per_concurrency * c:
         report.fail(arm, level, round_no, "too_few_requests",
-                    f"{completed:.0f} requests at concurrency {level}: fewer than "
-                    f"{policy.min_requests_per_concurrency:g}×{level}, ramp-up and drain dominate")
+                    f"{completed:.0f} requests at concurrency {c}: fewer than "
+                    f"{policy.min_requests_per_concurrency:g}×{c}, ramp-up and drain dominate")
     peak = finite_float(row.get("max_concurrent_requests"))
-    if peak is not None and peak < policy.min_concurrency_fraction * level:
+    if peak is not None and peak < policy.min_concurrency_fraction * c:
         report.fail(arm, level, round_no, "concurrency", f"vLLM's max_concurrent_requests {peak:.0f} far below "
-                                                       f"the level {level}")
+                                                       f"the level's concurrency {c}")
     cpu = finite_float(row.get("client_cpu_util"))
     if cpu is not None and cpu >= policy.max_client_cpu_util:
         report.fail(arm, level, round_no, "client_saturated",
@@ -342,9 +360,9 @@ def _check_round(report: ValidityReport, policy: GatePolicy, arm: str, level: in
                                                             f"counts {total:.0f} requests")
         ok = succeeded(frame)
         achieved = achieved_concurrency(ok)
-        if achieved is not None and achieved < policy.min_concurrency_fraction * level:
+        if achieved is not None and achieved < policy.min_concurrency_fraction * c:
             report.fail(arm, level, round_no, "concurrency",
-                        f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {level}")
+                        f"achieved concurrency {achieved:.2f} (Σ E2EL / span) far below {c}")
         expected = ok["requested_output_len"] if has_requested else (
             None if expected_len is None else expected_len)
         if expected is not None:

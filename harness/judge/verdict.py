@@ -33,7 +33,8 @@ from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.stalls import Stall
 from harness.judge.validity import ValidityReport, check_validity
-from harness.rundir.schema import Manifest
+from harness.rundir.schema import Level, Manifest, Regime, level_regimes
+from harness.rundir.v2 import with_level_column
 
 __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overall", "evaluate"]
 
@@ -47,7 +48,7 @@ class CellResult:
     ("pt"); ``ci_level`` is the two-sided confidence of the interval shown (the Holm level the cell was tested at)."""
 
     metric: str
-    level: int | None
+    level: Level | None
     primary: bool
     status: Status | None
     reasons: list[str] = field(default_factory=list)
@@ -73,6 +74,8 @@ class CellResult:
     accuracy: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     pooled: bool = False
+    regime: Regime | None = None
+    """A pooled result's regime (its levels'); a level cell's is its level's."""
     spread: float | None = None
     """Per-session spread ``se·√n`` of the test statistic at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE`
     upper bound (session cells that were tested; the advice's input)."""
@@ -86,8 +89,8 @@ class CellResult:
     @property
     def where(self) -> str:
         if self.pooled:
-            return "all levels (pooled)"
-        return "GSM8K" if self.level is None else f"c={self.level}"
+            return f"all levels of {self.regime.label()} (pooled)" if self.regime else "all levels (pooled)"
+        return "GSM8K" if self.level is None else self.level.label()
 
     def note(self) -> str:
         """One line for tables: why INVALID, what INCONCLUSIVE needs, or empty."""
@@ -113,7 +116,10 @@ class CellResult:
         ``ci_low_pct``, ``ci_high_pct``, ``margin_pct``, ``result``, ``note``)."""
         spec = self.spec
         data: dict[str, Any] = {
-            "metric": self.metric, "label": spec.label, "unit": spec.unit, "concurrency": self.level,
+            "metric": self.metric, "label": spec.label, "unit": spec.unit,
+            "concurrency": None if self.level is None else self.level.concurrency,
+            "level": None if self.level is None else str(self.level),
+            "regime": str(self.regime or (self.level.regime if self.level else "")) or None,
             "primary": self.primary, "result": None if self.status is None else str(self.status),
             "higher_is_better": spec.higher_is_better, "baseline": self.baseline, "candidate": self.candidate,
             "ratio": self.ratio, "delta": self.delta, "ci_low": self.ci_low, "ci_high": self.ci_high,
@@ -134,9 +140,11 @@ class CellResult:
         return data
 
 
-def _cell_seed(seed: int, metric: str, level: int | None) -> list[int]:
-    """A stable per-cell seed: the same policy seed and cell give the same bootstrap on every machine."""
-    return [seed, zlib.crc32(metric.encode()), 0 if level is None else level + 1]
+def _cell_seed(seed: int, metric: str, level: Level | None) -> list[int]:
+    """A stable per-cell seed: the same policy seed and cell give the same bootstrap on every machine. Levels of two
+    regimes at one concurrency share it (their resamples are then dependent; Holm holds under any dependence), so a
+    one-regime run keeps the seeds, hence the intervals, it had before levels had regimes."""
+    return [seed, zlib.crc32(metric.encode()), 0 if level is None else level.concurrency + 1]
 
 
 def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) -> tuple[CellResult, tuple | None]:
@@ -239,14 +247,14 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
     PASS is an intersection–union test (Berger 1982): each primary cell is tested at ``α`` with no multiplicity
     adjustment, and the run passes only if every primary cell does. FAIL controls the family-wise error at ``α`` under
     any dependence: a Bonferroni split over the ``K`` primary metrics, and within each metric Holm (1979) at ``α/K``
-    over the family {the metric's pooled hypothesis (:func:`_pooled`, the geometric mean over its testable levels),
-    each level}. The pooled hypothesis carries a loss spread thinly over all levels, the levels a loss confined to a
-    few (a batch-1 decode regression): on 4 levels at sd 0.02, 8 sessions, a −10 % loss at one level is FAILed in
+    over the family {the metric's pooled hypothesis per regime (:func:`_pooled`, the geometric mean over the regime's
+    testable levels), each level}. The pooled hypothesis carries a loss spread thinly over a regime's levels, the
+    levels a loss confined to a few (a batch-1 decode regression): on 4 levels at sd 0.02, 8 sessions, a −10 % loss at one level is FAILed in
     1.3 % of runs when the levels wait for the pooled test to reject first (the fixed sequence this replaces) and in
     ≥ 80 % with Holm over the family (results/statistics/README.md), at the cost of testing a uniform loss's pooled
     hypothesis at ``α/(K·(L+1))`` instead of ``α/K`` (a uniform loss also FAILs its levels).
-    The returned list holds the cells in order, then one pooled result per metric with more than one testable level
-    (``pooled=True``). Intervals are shown at the level each cell was decided at (``α`` on the PASS side, its Holm
+    The returned list holds the cells in order, then one pooled result per metric and regime with more than one
+    testable level (``pooled=True``). Intervals are shown at the level each cell was decided at (``α`` on the PASS side, its Holm
     level on the FAIL side), so an interval never contradicts its cell.
 
     Args:
@@ -278,12 +286,15 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         members = [i for i, (c, t) in enumerate(zip(cells, tests)) if c.primary and c.metric == metric and t]
         if not members:
             continue
-        family = [results[i] for i in members]
-        if len(members) > 1:
-            pooled, pooled_test = _pooled(metric, [cells[i] for i in members], policy)
-            pooled_results.append(pooled)
-            if pooled_test is not None:
-                family.append(pooled)
+        family, pooled_tests = [results[i] for i in members], {}
+        for regime in level_regimes(cells[i].level for i in members if cells[i].level is not None):
+            mine = [cells[i] for i in members if cells[i].level is not None and cells[i].level.regime == regime]
+            if len(mine) > 1:
+                pooled, pooled_test = _pooled(metric, regime, mine, policy)
+                pooled_results.append(pooled)
+                if pooled_test is not None:
+                    family.append(pooled)
+                    pooled_tests[id(pooled)] = pooled_test
         p_fail = [r.p_fail for r in family]
         adjusted = stats.holm_adjust(p_fail)
         reject, levels = stats.holm_test(p_fail, share, nominal)
@@ -291,7 +302,7 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
             result.p_fail_holm = min(1.0, len(metrics) * float(adjusted[k]))
             if result.pooled:
                 result.status = Status.FAIL if reject[k] else None
-                _set_interval(result, pooled_test, float(levels[k]))
+                _set_interval(result, pooled_tests[id(result)], float(levels[k]))
                 continue
             test = tests[members[k]]
             result.p_pass_holm, result.pass_level = result.p_pass, alpha
@@ -355,8 +366,13 @@ def _joint_advice(cells: Sequence[CellResult]) -> str:
     return f"{head}; ≈{need} sessions per arm for 90 % (cap {cap})"
 
 
-def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy) -> tuple[CellResult, _Test | None]:
-    """The metric's pooled hypothesis: the geometric mean of its per-level ratios against the margin.
+def _pooled(metric: str, regime: Regime, members: Sequence[CellInput], policy: GatePolicy
+            ) -> tuple[CellResult, _Test | None]:
+    """The metric's pooled hypothesis over one ``regime``'s levels: the geometric mean of their ratios against the
+    margin. Levels of different regimes (lengths, datasets) are never pooled: a long-context level measures another
+    quantity than a short one (where DSA's indexer drops keys vs where it keeps all), so a loss confined to one regime
+    must not be averaged away by the other's levels; each regime has its own pooled hypothesis in the metric's Holm
+    family (:func:`decide`).
 
     Per paired unit ``u`` common to every member cell, ``d_u = mean_l(log S(cand_{l,u}) − log S(base_{l,u}))``
     (``S`` the metric's statistic of that unit's values); the estimate is ``mean_u d_u`` with the paired-t standard
@@ -366,10 +382,11 @@ def _pooled(metric: str, members: Sequence[CellInput], policy: GatePolicy) -> tu
     """
     spec = METRICS[metric]
     common = sorted(set.intersection(*(set(c.repeats) for c in members)))
-    where = ", ".join(str(c.level) for c in members)
+    where = ", ".join(str(c.level.concurrency) for c in members)
     result = CellResult(metric, None, True, None, margin=policy.margin(metric), repeats=len(common), pooled=True,
-                        notes=[f"pooled over c={where}: geometric mean of the per-level ratios, tested with the "
-                               "levels (Holm over the pooled hypothesis and each level)"])
+                        regime=regime,
+                        notes=[f"pooled over {regime.label()} at c={where}: geometric mean of the per-level ratios, "
+                               "tested with the levels (Holm over each regime's pooled hypothesis and each level)"])
     diffs = []
     for unit in common:
         logs = []
@@ -438,12 +455,20 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
 
 
 def _which(cells: Sequence[CellResult]) -> str:
-    """``Output throughput c=1, 8; GSM8K accuracy``: cells grouped by metric."""
-    groups: dict[str, list[str]] = {}
+    """``Output throughput c=1, 8; GSM8K accuracy``: cells grouped by metric, and by regime where they span several
+    (``Output throughput c=1, 8 (1024→512 random), c=4 (32768→512 random)``)."""
+    regimes = {cell.level.regime for cell in cells if cell.level is not None}
+    groups: dict[str, dict[Regime | None, list[int]]] = {}
     for cell in cells:
-        groups.setdefault(cell.spec.label, []).append("" if cell.level is None else str(cell.level))
-    return "; ".join(label + (" c=" + ", ".join(v for v in levels if v) if any(levels) else "")
-                     for label, levels in groups.items())
+        at = groups.setdefault(cell.spec.label, {})
+        if cell.level is not None:
+            at.setdefault(cell.level.regime, []).append(cell.level.concurrency)
+    parts = []
+    for label, by_regime in groups.items():
+        shown = [f"c={', '.join(map(str, levels))}" + (f" ({regime.label()})" if len(regimes) > 1 else "")
+                 for regime, levels in by_regime.items()]
+        parts.append(label + (" " + ", ".join(shown) if shown else ""))
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------------ evaluate
@@ -481,7 +506,9 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     """Validity checks, stalled rounds, cells, decisions and the overall verdict of one run (pure).
 
     A sequential policy (``max_sessions`` set) tests the session-replicated cells at the α of the look the data is at
-    (:func:`harness.judge.sequential.look_of`)."""
+    (:func:`harness.judge.sequential.look_of`). Frames without a ``level`` column (the schema-2 layout) are read as
+    the scenario's one regime (:func:`harness.rundir.v2.with_level_column`)."""
+    levels, requests = (with_level_column(frame, manifest.scenario_data()) for frame in (levels, requests))
     validity = check_validity(manifest, levels, requests, policy)
     flagged = stalls.find_stalls(levels, max_steal_fraction=policy.max_steal_fraction, estimator=policy.estimator,
                                  rounds=validity.done)

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from harness.metrics import METRICS
 from harness.render.levels import LevelView
-from harness.rundir.schema import ArmRecord, Manifest
+from harness.rundir.schema import ArmRecord, Level, Manifest, Regime
 
 WORDS = {
     "PASS": "PASS: the candidate is non-inferior to the baseline in every primary cell, within its margin.",
@@ -95,13 +95,15 @@ def forest_rows(verdict: Mapping[str, Any] | None) -> list[ForestRow]:
         return []
     min_sessions = (verdict.get("policy_fields") or {}).get("min_sessions")
     cells = [c for c in verdict.get("cells") or [] if isinstance(c, Mapping)]
-    pooled = {c.get("metric"): c for c in verdict.get("pooled") or [] if isinstance(c, Mapping)}
+    pooled = {(c.get("metric"), c.get("regime")): c for c in verdict.get("pooled") or [] if isinstance(c, Mapping)}
+    several = len({c.get("regime") for c in cells if c.get("regime")}) > 1
     ordered: list[Mapping[str, Any]] = []
     for cell in cells:
         ordered.append(cell)
-        following = [c for c in cells[cells.index(cell) + 1:] if c.get("metric") == cell.get("metric")]
-        if not following and cell.get("metric") in pooled:
-            ordered.append(pooled.pop(cell.get("metric")))
+        key = (cell.get("metric"), cell.get("regime"))
+        following = [c for c in cells[cells.index(cell) + 1:] if (c.get("metric"), c.get("regime")) == key]
+        if not following and key in pooled:
+            ordered.append(pooled.pop(key))
     ordered += list(pooled.values())
     rows = []
     for cell in ordered:
@@ -109,13 +111,25 @@ def forest_rows(verdict: Mapping[str, Any] | None) -> list[ForestRow]:
         level = cell.get("concurrency")
         rows.append(ForestRow(
             metric=str(cell.get("metric")), label=display_name(str(cell.get("metric")), str(cell.get("label") or "")),
-            where="pooled" if is_pooled else ("GSM8K" if level is None else f"c={level}"),
+            where=_where(cell, several),
             concurrency=level, pooled=is_pooled, delta=_field(cell, "delta"), low=_field(cell, "ci_low"),
             high=_field(cell, "ci_high"), margin=_field(cell, "margin") or 0.0,
             unit=str(cell.get("delta_unit") or "%"), status=cell.get("result"),
             higher_is_better=bool(cell.get("higher_is_better", True)), gap=(gap := interval_gap(cell, min_sessions)),
             note=_note(cell, gap, min_sessions)))
     return rows
+
+
+def _where(cell: Mapping[str, Any], several_regimes: bool) -> str:
+    """Where a forest row's cell sits: ``"c=4"`` (``"c=4 · 1024→512 random"`` when the run has several regimes),
+    ``"pooled"`` (``"pooled · <regime>"``), or ``"GSM8K"``."""
+    regime = Regime.parse(cell.get("regime"))
+    if cell.get("pooled"):
+        return f"pooled · {regime.label()}" if several_regimes and regime else "pooled"
+    level = Level.parse(cell.get("level"))
+    if level is not None:
+        return level.label(regime=several_regimes)
+    return "GSM8K" if cell.get("concurrency") is None else f"c={cell.get('concurrency')}"
 
 
 def _note(cell: Mapping[str, Any], gap: str, min_sessions: int | None) -> str:
@@ -297,15 +311,17 @@ def _ranges(rounds: Sequence[int]) -> str:
 
 def level_reasons(manifest: Manifest) -> list[LevelReason]:
     """The manifest's level statuses other than "done", grouped by status text, most levels first."""
-    groups: dict[str, dict[str, dict[int, list[int]]]] = {}
+    groups: dict[str, dict[str, dict[Level, list[int]]]] = {}
     for arm in manifest.arms:
         for key, record in arm.level_items():
             status = record.status or "unknown"
             if status != "done":
-                groups.setdefault(status, {}).setdefault(arm.name, {}).setdefault(key.concurrency, []).append(key.round)
+                groups.setdefault(status, {}).setdefault(arm.name, {}).setdefault(key.level, []).append(key.round)
+    several = len({key.level.regime for arm in manifest.arms for key, _ in arm.level_items()}) > 1
     reasons = []
     for status, arms in groups.items():
-        where = "; ".join(f"{arm} " + ", ".join(f"c={c} {_ranges(rounds)}" for c, rounds in sorted(levels.items()))
+        where = "; ".join(f"{arm} " + ", ".join(f"{level.label(regime=several)} {_ranges(rounds)}"
+                                                for level, rounds in sorted(levels.items()))
                           for arm, levels in arms.items())
         count = sum(len(rounds) for levels in arms.values() for rounds in levels.values())
         reasons.append(LevelReason(status, where, count))

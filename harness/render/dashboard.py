@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.render.output import Output, VerdictView
-from harness.rundir.schema import PYTORCH_JSON
+from harness.rundir.schema import PYTORCH_JSON, Level
 from harness.rundir.store import json_text
 
 DASHBOARD_METRICS = ("output_throughput", "total_token_throughput", "request_throughput", "mean_ttft_ms",
@@ -34,20 +34,24 @@ def records(view: VerdictView) -> list[dict[str, Any]]:
     tensor_parallel_size = manifest.scenario_value("serve", "tensor_parallel_size") or 1
     cells = view.cell_map()
     out = []
-    for (arm, level), frame in levels.groupby(["arm", "concurrency"]):
+    for (arm, text), frame in levels.groupby(["arm", "level"]):
+        level = Level.parse(text)
+        if level is None:
+            continue
         record = manifest.arm(str(arm))
         route = record.route if record is not None else None
         mode = record.intended.get("compilation_mode") if record is not None else None
-        args = {"model": model, "max_concurrency": int(level), "arm": arm, "route": route,
+        args = {"model": model, "max_concurrency": level.concurrency, "arm": arm, "route": route,
                 "num_prompts": int(frame["completed"].max() + frame["failed"].max()),
-                "tensor_parallel_size": tensor_parallel_size, "dataset_name": "random", "run_id": manifest.run_id}
+                "tensor_parallel_size": tensor_parallel_size, "dataset_name": level.dataset,
+                "random_input_len": level.input_len, "random_output_len": level.output_len, "run_id": manifest.run_id}
         for metric in DASHBOARD_METRICS:
             values = pd.to_numeric(frame[metric], errors="coerce").dropna() if metric in frame.columns else []
             if not len(values):
                 continue
-            extra = {"arm": arm, "route": route, "concurrency": int(level),
+            extra = {"arm": arm, "route": route, "concurrency": level.concurrency, "level": str(level),
                      "repeat_values": [float(v) for v in values], "repeats": int(values.size)}
-            cell = cells.get((metric, int(level)))
+            cell = cells.get((metric, str(level)))
             if cell is not None and cell.delta is not None:
                 extra.update(delta_pct=cell.delta, ci_low_pct=cell.ci_low, ci_high_pct=cell.ci_high,
                              gate_result=cell.result)

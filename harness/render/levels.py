@@ -1,4 +1,4 @@
-"""The per-level view of a run: for each concurrency, each arm's status and load facts (manifest, ``levels.csv``,
+"""The per-level view of a run: for each level (regime × concurrency), each arm's status and load facts (manifest, ``levels.csv``,
 ``requests.csv``) and the metric rows of its table (median and min–max over rounds, Δ %). Pure: reads the frames it is
 given, writes nothing; a level that failed or never ran stays visible as "not run"."""
 
@@ -19,7 +19,7 @@ from harness.render.metrics_table import (
     summarize,
 )
 from harness.rundir import store as records
-from harness.rundir.schema import ArmRecord, LevelState, Manifest, level_state
+from harness.rundir.schema import ArmRecord, Level, LevelState, Manifest, level_state, workload_levels
 
 
 @dataclass(frozen=True)
@@ -56,17 +56,26 @@ class ArmLevel:
 
 @dataclass(frozen=True)
 class LevelView:
-    """One concurrency level: per-arm facts and the metric rows of its table."""
+    """One level (a regime at a concurrency): per-arm facts and the metric rows of its table."""
 
-    concurrency: int
+    level: Level
     arms: dict[str, ArmLevel]
     rows: list[MetricRow]
     max_repeats: int
 
     @property
+    def concurrency(self) -> int:
+        return self.level.concurrency
+
+    @property
+    def regime(self) -> str:
+        """The level's regime as shown: ``"1024→512 random"``."""
+        return self.level.regime.label()
+
+    @property
     def anchor(self) -> str:
         """HTML id of the level's section."""
-        return f"level-c{self.concurrency}"
+        return f"level-{self.level}"
 
     @property
     def has_data(self) -> bool:
@@ -74,11 +83,11 @@ class LevelView:
         return any(arm.repeats for arm in self.arms.values())
 
 
-def _level_statuses(arm: ArmRecord | None) -> dict[int, list[tuple[int, str]]]:
-    """``{concurrency: [(round, status), ...]}`` from an arm's manifest levels (unparseable keys skipped)."""
-    result: dict[int, list[tuple[int, str]]] = {}
+def _level_statuses(arm: ArmRecord | None) -> dict[Level, list[tuple[int, str]]]:
+    """``{level: [(round, status), ...]}`` from an arm's manifest levels (unparseable keys skipped)."""
+    result: dict[Level, list[tuple[int, str]]] = {}
     for key, info in arm.level_items() if arm is not None else []:
-        result.setdefault(key.concurrency, []).append((key.round, info.status or "unknown"))
+        result.setdefault(key.level, []).append((key.round, info.status or "unknown"))
     return result
 
 
@@ -99,17 +108,14 @@ def _status_text(entries: list[tuple[int, str]]) -> tuple[str, str, str]:
     return text, "missing", short
 
 
-def _level_universe(manifest: Manifest, levels, requests) -> list[int]:
-    """Every concurrency the run declared or touched: scenario workload, manifest level keys and both CSVs."""
-    found: set[int] = set()
-    declared = manifest.scenario_value("workload", "concurrency")
-    if isinstance(declared, (list, tuple)):
-        found.update(int(c) for c in declared if isinstance(c, (int, float)) and not isinstance(c, bool))
+def _level_universe(manifest: Manifest, levels, requests) -> list[Level]:
+    """Every level the run declared or touched: scenario workload, manifest level keys and both CSVs."""
+    found = workload_levels(manifest.scenario_value("workload"))
     for arm in manifest.arms:
         found.update(_level_statuses(arm))
     for frame in (levels, requests):
         if len(frame):
-            found.update(int(c) for c in frame["concurrency"].dropna().unique())
+            found.update(level for level in map(Level.parse, frame["level"].dropna().unique()) if level is not None)
     return sorted(found)
 
 
@@ -159,22 +165,22 @@ def _shown_metrics(levels) -> tuple[Metric, ...]:
 
 
 def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
-    """One :class:`LevelView` per concurrency, including levels that failed or never ran (kept visible).
+    """One :class:`LevelView` per level, including levels that failed or never ran (kept visible).
 
     ``levels``/``requests`` are the frames of :meth:`RunDir.levels` and :meth:`RunDir.requests`.
     """
     statuses = {arm: _level_statuses(manifest.arm(arm)) for arm in ARMS}
     shown = _shown_metrics(levels)
     views = []
-    for concurrency in _level_universe(manifest, levels, requests):
+    for level in _level_universe(manifest, levels, requests):
         per_arm: dict[str, ArmLevel] = {}
         frames = {}
         for arm in ARMS:
-            rows = levels[(levels["arm"] == arm) & (levels["concurrency"] == concurrency)] if len(levels) else levels
-            reqs = (requests[(requests["arm"] == arm) & (requests["concurrency"] == concurrency)]
+            rows = levels[(levels["arm"] == arm) & (levels["level"] == str(level))] if len(levels) else levels
+            reqs = (requests[(requests["arm"] == arm) & (requests["level"] == str(level))]
                     if len(requests) else requests)
             frames[arm] = rows
-            status, status_class, short = _status_text(statuses[arm].get(concurrency, []))
+            status, status_class, short = _status_text(statuses[arm].get(level, []))
             if status == "not run" and len(rows):
                 status, status_class, short = "done (no manifest status)", "ok", "done"
             n_requests, n_errors, length_range, errors = _request_facts(reqs)
@@ -193,5 +199,5 @@ def build_levels(manifest: Manifest, levels, requests) -> list[LevelView]:
             cand = _summary_of(frames[CANDIDATE], metric.name)
             delta = delta_pct(base.value, cand.value)
             metric_rows.append(MetricRow(metric, base, cand, delta, delta_class(metric, delta)))
-        views.append(LevelView(concurrency, per_arm, metric_rows, max(a.repeats for a in per_arm.values())))
+        views.append(LevelView(level, per_arm, metric_rows, max(a.repeats for a in per_arm.values())))
     return views

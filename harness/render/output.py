@@ -26,11 +26,12 @@ class VerdictView:
     written: tuple[Path, ...] = ()
     write_errors: tuple[str, ...] = field(default=())
 
-    def cell_map(self) -> dict[tuple[str, int | None], VerdictCell]:
-        """``{(metric, concurrency): cell}``, a primary cell winning over a diagnostic twin."""
-        found: dict[tuple[str, int | None], VerdictCell] = {}
+    def cell_map(self) -> dict[tuple[str, str | None], VerdictCell]:
+        """``{(metric, level id): cell}`` (``str(Level)``; None for GSM8K), a primary cell winning over a diagnostic
+        twin."""
+        found: dict[tuple[str, str | None], VerdictCell] = {}
         for cell in (*self.document.cells, *self.document.diagnostics):
-            found.setdefault((cell.metric, cell.concurrency), cell)
+            found.setdefault((cell.metric, cell.level), cell)
         return found
 
 

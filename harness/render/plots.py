@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -297,6 +297,16 @@ def startup_plot(values: Mapping[str, Mapping[str, Sequence[float]]]) -> Plot | 
 
 
 def make_plots(levels: Sequence[LevelView]) -> list[Plot]:
-    """The speed figures that have data, in page order (throughput, TPOT, throughput vs per-user speed)."""
-    plots = [throughput_plot(levels), tpot_plot(levels), pareto_plot(levels)]
-    return [plot for plot in plots if plot is not None]
+    """The speed figures that have data, in page order (throughput, TPOT, throughput vs per-user speed); with more
+    than one regime, each figure once per regime (its levels alone: one x axis is one input and output length),
+    titled with the regime."""
+    regimes = sorted({level.level.regime for level in levels})
+    plots = []
+    for regime in regimes:
+        mine = [level for level in levels if level.level.regime == regime]
+        for plot in (throughput_plot(mine), tpot_plot(mine), pareto_plot(mine)):
+            if plot is not None and len(regimes) > 1:
+                plot = replace(plot, key=f"{plot.key}-{regime}", title=f"{plot.title} · tokens {regime.label()}")
+            if plot is not None:
+                plots.append(plot)
+    return plots

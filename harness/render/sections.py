@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from harness.render.metrics_table import ARMS, summarize
 from harness.render.text import show
 from harness.rundir import store as records
-from harness.rundir.schema import MTP_COLUMNS, AccuracySummary, Manifest
+from harness.rundir.schema import MTP_COLUMNS, AccuracySummary, Level, Manifest
 from harness.rundir.store import RunDir
 
 
@@ -149,11 +149,12 @@ def mtp_section(levels, manifest: Manifest) -> dict[str, Any] | str | None:
     if not has_value.any():
         return None
     rows = []
-    for concurrency in sorted(int(c) for c in levels["concurrency"].dropna().unique()):
+    for level in sorted(filter(None, map(Level.parse, levels["level"].dropna().unique()))):
         for arm in ARMS:
-            frame = levels[(levels["arm"] == arm) & (levels["concurrency"] == concurrency) & has_value]
+            frame = levels[(levels["arm"] == arm) & (levels["level"] == str(level)) & has_value]
             if len(frame):
-                rows.append({"concurrency": concurrency, "arm": arm, **_pooled_mtp(frame)})
+                rows.append({"concurrency": level.concurrency, "level": level.label(), "arm": arm,
+                             **_pooled_mtp(frame)})
     k = mtp.get("num_speculative_tokens") if mtp else None
     gpu = _is_gpu_scenario(manifest)
     return {"rows": rows, "num_speculative_tokens": k,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from harness.render.answer import forest_rows, next_step
 from harness.render.designs import designs_section
 from harness.render.output import ICON, MAX_LIST, Output, VerdictView, fmt, status_text
-from harness.rundir.schema import SEVERITY, SUMMARY, Status, VerdictCell
+from harness.rundir.schema import SEVERITY, SUMMARY, Level, Regime, Status, VerdictCell
 
 
 def delta_text(cell: VerdictCell | None) -> str:
@@ -65,9 +65,11 @@ def _next_step(view: VerdictView) -> str:
 def _level_table(view: VerdictView) -> list[str]:
     cells = view.cell_map()
     document = view.document
-    levels = sorted({c.concurrency for c in (*document.cells, *document.diagnostics) if c.concurrency is not None})
+    levels = sorted({c.level for c in (*document.cells, *document.diagnostics) if Level.parse(c.level)},
+                    key=Level.parse)
+    several = len({Level.parse(level).regime for level in levels}) > 1
     show_mtp = any(metric == "acceptance_length" for metric, _ in cells)
-    header = ["Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand", "Δ TPOT [CI]"]
+    header = ["Level" if several else "Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand", "Δ TPOT [CI]"]
     if show_mtp:
         header.append("MTP accept. length base → cand")
     header.append("Verdict")
@@ -75,14 +77,14 @@ def _level_table(view: VerdictView) -> list[str]:
              "|" + "|".join(["--:"] * 3 + [":--"] + ["--:"] * 2 + [":--"] * (len(header) - 6)) + "|"]
     for level in levels:
         tput, tpot = cells.get(("output_throughput", level)), cells.get(("mean_tpot_ms", level))
-        row = [str(level), fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
+        row = [Level.parse(level).label() if several else str(Level.parse(level).concurrency), fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
                fmt(tpot and tpot.baseline, 2), fmt(tpot and tpot.candidate, 2), delta_text(tpot)]
         if show_mtp:
             mtp = cells.get(("acceptance_length", level))
             row.append("—" if mtp is None or mtp.baseline is None or mtp.candidate is None else
                        f"{mtp.baseline:.2f} → {mtp.candidate:.2f}" + (
                            "" if mtp.delta is None else f" ({mtp.delta:+.1f} %)"))
-        statuses = [Status(c.result) for c in document.cells if c.concurrency == level and c.result is not None]
+        statuses = [Status(c.result) for c in document.cells if c.level == level and c.result is not None]
         row.append(status_text(min(statuses, key=lambda s: SEVERITY[s])) if statuses else "")
         lines.append("| " + " | ".join(row) + " |")
     return lines + [""]
@@ -96,12 +98,20 @@ def pooled_result(cell: VerdictCell) -> str:
 
 
 def _pooled_lines(pooled) -> list[str]:
-    """One line: each metric's pooled hypothesis (geometric mean of the per-level ratios), tested first for FAIL."""
+    """One line: each metric's pooled hypothesis per regime (geometric mean of the per-level ratios), tested for
+    FAIL with the levels."""
     if not pooled:
         return []
-    return ["Pooled over levels (geometric mean of the per-level ratios; tested first for FAIL, then the levels "
-            "with Holm): " + "; ".join(f"{c.label} {delta_text(c)} (margin {c.margin:+g} %) {pooled_result(c)}"
-                                      for c in pooled), ""]
+    several = len({c.regime for c in pooled}) > 1
+    return ["Pooled over each regime's levels (geometric mean of the per-level ratios; tested for FAIL with the "
+            "levels, Holm): " + "; ".join(
+                f"{c.label}{_regime_text(c) if several else ''} {delta_text(c)} (margin {c.margin:+g} %) "
+                f"{pooled_result(c)}" for c in pooled), ""]
+
+
+def _regime_text(cell: VerdictCell) -> str:
+    regime = Regime.parse(cell.regime)
+    return f" ({regime.label()})" if regime is not None else ""
 
 
 def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:

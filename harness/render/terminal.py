@@ -6,6 +6,7 @@ import io
 
 from harness.metrics import METRICS
 from harness.render.output import MAX_LIST, Output, VerdictView, fmt
+from harness.rundir.schema import Level
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}
 
@@ -53,17 +54,26 @@ def _table(document):
                           ("Δ \\[interval]", "right"), ("margin", "right"), ("verdict", "left")):
         table.add_column(name, justify=justify, no_wrap=True)
     notes: dict[str, list[str]] = {}   # note → the cells it applies to, numbered in order of first use
+    several = len({cell.regime for cell in document.cells if cell.regime}) > 1
     for cell in document.cells:
         metric = METRICS.get(cell.metric)
         mark = ""
         if cell.note:
             notes.setdefault(cell.note, []).append(f"{metric.abbrev if metric else cell.metric} {cell.where}")
             mark = f" ({list(notes).index(cell.note) + 1})"
-        table.add_row(metric.abbrev if metric else cell.metric,
-                      "" if cell.concurrency is None else str(cell.concurrency),
+        table.add_row(metric.abbrev if metric else cell.metric, _level_text(cell, several),
                       fmt(cell.baseline, _digits(cell.baseline)), fmt(cell.candidate, _digits(cell.candidate)),
                       _delta(cell), f"{cell.margin:+g}", f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}")
     return table, [f"{', '.join(where)}: {note}" for note, where in notes.items()]
+
+
+def _level_text(cell, several_regimes: bool) -> str:
+    """The "c" column: the cell's concurrency, with its tokens in/out (``4 1024/512``) when the run has several
+    regimes; empty for GSM8K."""
+    level = Level.parse(cell.level)
+    if level is None:
+        return "" if cell.concurrency is None else str(cell.concurrency)
+    return f"{level.concurrency} {level.input_len}/{level.output_len}" if several_regimes else str(level.concurrency)
 
 
 def render(view: VerdictView) -> str:

@@ -28,7 +28,7 @@ from harness.render.startup import startup_section
 from harness.render.correctness import correctness_section, tie_band
 from harness.render.text import show
 from harness.rundir import store as records
-from harness.rundir.schema import Manifest
+from harness.rundir.schema import Level, Manifest
 from harness.rundir.store import RunDir
 
 SECTION_KEYS: tuple[str, ...] = ("verdict", "gsm8k", "parity", "mtp")
@@ -116,21 +116,25 @@ def _timing(manifest: Manifest) -> list[tuple[str, str]]:
 
 def _prompt_counts(manifest: Manifest, levels) -> str:
     """Prompts per measured level: the pilot's line (``workload.min_level_s``), else completed + failed requests per
-    concurrency as ``levels.csv`` has them (empty without rows)."""
+    level as ``levels.csv`` has them (empty without rows)."""
     if manifest.pilot is not None:
         return manifest.pilot.describe()
-    counts: dict[int, int] = {}
-    for concurrency, completed, failed in zip(levels["concurrency"], levels["completed"], levels["failed"]):
-        values = [records.finite_float(v) for v in (concurrency, completed, failed)]
-        if None not in values:
-            key = int(values[0])
-            counts[key] = max(counts.get(key, 0), int(values[1] + values[2]))
-    return ", ".join(f"c={c}: {n}" for c, n in sorted(counts.items())) + " (the scenario's counts)" if counts else ""
+    counts: dict[Level, int] = {}
+    for text, completed, failed in zip(levels["level"], levels["completed"], levels["failed"]):
+        level, values = Level.parse(text), [records.finite_float(v) for v in (completed, failed)]
+        if level is not None and None not in values:
+            counts[level] = max(counts.get(level, 0), int(values[0] + values[1]))
+    several = len({level.regime for level in counts}) > 1
+    return (", ".join(f"{level.label(regime=several)}: {n}" for level, n in sorted(counts.items()))
+            + " (the scenario's counts)" if counts else "")
 
 
 def _schedule(manifest: Manifest) -> str:
-    """The run order from the manifest's ``schedule`` ((arm, concurrency, round) items) as one line."""
-    return " → ".join(f"{arm} c{concurrency} r{round_}" for arm, concurrency, round_ in manifest.schedule)
+    """The run order from the manifest's ``schedule`` ((arm, level, round) items) as one line."""
+    levels = {text: Level.parse(text) for _, text, _ in manifest.schedule}
+    several = len({level.regime for level in levels.values() if level is not None}) > 1
+    return " → ".join(f"{arm} {levels[text].label(regime=several) if levels[text] else text} r{round_}"
+                      for arm, text, round_ in manifest.schedule)
 
 
 def _banners(manifest: Manifest, arms: list[ArmView], differences: list[tuple[str, str, str]]) -> list[Banner]:

@@ -23,7 +23,7 @@ from harness.run.load import LevelError, LoadClient
 
 __all__ = ["load_clients", "run_step", "start_clients", "steps"]
 
-Item = tuple[str, int, int]   # (arm, concurrency, round), as harness.run.start.schedule lists them
+Item = tuple[str, Any, int]   # (arm, level, round), as harness.run.start.schedule lists them
 
 
 def steps(order: Sequence[Item], duet: bool) -> list[list[int]]:

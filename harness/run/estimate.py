@@ -108,9 +108,8 @@ def sessions(plan: Plan) -> int:
 def _level_s(plan: Plan, key: LevelKey, prior: Prior, end: int) -> float:
     """One level at the scenario's count, warmups included (s)."""
     work = plan.scenario.workload
-    input_len, output_len = plan.level_lengths(key)
-    waves = (work.num_prompts(key.concurrency) + work.warmups) / min(key.concurrency, prior.saturation)
-    return math.ceil(waves) * _request_s(input_len, output_len, prior, end)
+    waves = (work.num_prompts(key.level) + work.warmups) / min(key.concurrency, prior.saturation)
+    return math.ceil(waves) * _request_s(key.level.input_len, key.level.output_len, prior, end)
 
 
 def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
@@ -120,7 +119,7 @@ def _levels_s(plan: Plan, prior: Prior, end: int) -> float:
 
 
 def _pilot_s(plan: Plan, prior: Prior, end: int) -> float:
-    """The pilot (harness.run.pilot): one level per concurrency on one arm at the scenario's counts; 0 without a
+    """The pilot (harness.run.pilot): one level per level of the grid on one arm at the scenario's counts; 0 without a
     floor."""
     if not plan.scenario.workload.min_level_s:
         return 0.0

@@ -3,10 +3,14 @@ other tooling, so ``dsa-bench gate`` and ``dsa-bench report`` can judge them.
 
 The index CSV lists one JSON per row: ``arm`` (``baseline`` | ``candidate``), ``session`` (the server session the
 level was measured in: the unit of replication; the same number in both arms pairs them), ``concurrency``, ``path``
-(relative to the CSV's folder) and, optional, ``round`` (a pass over the levels inside the session; default 0).
+(relative to the CSV's folder) and, optional, ``round`` (a pass over the levels inside the session; default 0),
+``input_len`` / ``output_len`` (the level's tokens per request) and ``dataset`` (default ``random``): a level is that
+regime at the concurrency (:class:`harness.rundir.schema.Level`). Without the length columns the whole index is one
+regime, its lengths the median input and the largest output length over every request of every file (a random
+dataset's prompts re-tokenise to ±1 token, so a per-file figure would split one regime in two).
 Every file is parsed by the runner's own parser (:func:`harness.run.load.parse_bench_result`) and copied to
 ``raw/``. The run directory's round numbers are global (one per (session, round) pair of the index, in sorted
-order, the same in both arms), since a level of an arm is keyed by (concurrency, round).
+order, the same in both arms), since a level of an arm is keyed by (level, round).
 
 No server was watched, so the execution path is not attested: the manifest says so (``imported_from``, each arm's
 ``attestation.note``), and the gate calls every cell INVALID unless the policy says ``require_attestation = false``.
@@ -17,15 +21,16 @@ from __future__ import annotations
 
 import csv
 import shutil
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from harness.run import spec_decode
 from harness.run.load import parse_bench_result, read_bench_json
 from harness.run.start import now
 from harness.rundir import schema
-from harness.rundir.schema import LevelKey
+from harness.rundir.schema import DATASETS, Level, LevelKey
 from harness.rundir.store import RunDir
 
 __all__ = ["ImportInputError", "IndexEntry", "NOT_ATTESTED", "import_run", "read_index"]
@@ -52,6 +57,23 @@ class IndexEntry:
     path: Path
     line: int
     index_csv: Path | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    dataset: str = "random"
+
+    def level(self, lengths: tuple[int, int]) -> Level:
+        """This entry's level: its regime's lengths from the index, else ``lengths`` (input, output tokens)."""
+        return Level(self.dataset, self.input_len or lengths[0], self.output_len or lengths[1], self.concurrency)
+
+
+def _index_lengths(results: list[Mapping[str, Any]]) -> tuple[int, int]:
+    """(median input, largest output) tokens per request over every request of ``results`` (bench JSON objects)."""
+    def counts(name: str) -> list[int]:
+        return [int(n) for data in results for n in (data.get(name) if isinstance(data.get(name), list) else [])
+                if isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0]
+
+    inputs, outputs = counts("input_lens"), counts("output_lens")
+    return int(statistics.median(inputs)) if inputs else 0, max(outputs, default=0)
 
 
 def _whole(text: str | None, column: str, where: str, minimum: int) -> int:
@@ -80,7 +102,7 @@ def read_index(index_csv: Path) -> list[IndexEntry]:
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise ImportInputError(f"{index_csv}: missing columns {missing}; the index needs arm, session, concurrency, "
-                               "path (and optional round)")
+                               "path (and optional round, input_len, output_len, dataset)")
     if not rows:
         raise ImportInputError(f"{index_csv}: no rows; list one bench JSON per row")
     entries, seen = [], {}
@@ -93,10 +115,15 @@ def read_index(index_csv: Path) -> list[IndexEntry]:
         if not row["path"] or not path.is_file():
             raise ImportInputError(f"{where}: {row['path'] or '(empty path)'} is not a file (paths are relative to "
                                    f"{index_csv.parent}); fix the path")
+        if (row.get("dataset") or "random") not in DATASETS:
+            raise ImportInputError(f"{where}: dataset {row['dataset']!r} is unknown; use one of {', '.join(DATASETS)}")
         entry = IndexEntry(row["arm"], _whole(row["session"], "session", where, 0),
                            _whole(row["concurrency"], "concurrency", where, 1),
-                           _whole(row.get("round") or "0", "round", where, 0), path, number, index_csv)
-        key = (entry.arm, entry.session, entry.concurrency, entry.round)
+                           _whole(row.get("round") or "0", "round", where, 0), path, number, index_csv,
+                           *(_whole(row[c], c, where, 1) if row.get(c) else None for c in ("input_len", "output_len")),
+                           row.get("dataset") or "random")
+        key = (entry.arm, entry.session, entry.concurrency, entry.round, entry.input_len, entry.output_len,
+               entry.dataset)
         if key in seen:
             raise ImportInputError(f"{where}: arm {entry.arm} session {entry.session} concurrency {entry.concurrency} "
                                    f"round {entry.round} is already on line {seen[key]}; give each level once")
@@ -121,6 +148,22 @@ class _Parsed:
     requests: list[dict[str, Any]]
 
 
+def _read(entry: IndexEntry) -> dict[str, Any]:
+    """The bench JSON of ``entry``.
+
+    Raises:
+        ImportInputError: not JSON, or not a JSON object (names the index line).
+    """
+    try:
+        data = read_bench_json(entry.path)
+        if not isinstance(data, dict):
+            raise ValueError(f"{entry.path}: not a JSON object")
+    except (ValueError, TypeError) as error:
+        raise ImportInputError(f"{entry.index_csv or 'index'}:{entry.line}: {error}; pass `vllm bench serve "
+                               f"--save-result --save-detailed` output") from None
+    return data
+
+
 def _parse(entries: list[IndexEntry]) -> list[_Parsed]:
     """Every entry through the runner's parser (MTP counters where the JSON has them).
 
@@ -128,20 +171,24 @@ def _parse(entries: list[IndexEntry]) -> list[_Parsed]:
         ImportInputError: a file is not a detailed bench result (names the file and line).
     """
     rounds = _global_rounds(entries)
+    results = [_read(entry) for entry in entries]
+    lengths = _index_lengths(results)
     parsed = []
-    for entry in entries:
+    for entry, data in zip(entries, results):
         round_ = rounds[(entry.session, entry.round)]
+        key = LevelKey(entry.level(lengths), round_)
         try:
-            data = read_bench_json(entry.path)
-            if not isinstance(data, dict):
-                raise ValueError(f"{entry.path}: not a JSON object")
-            level, requests = parse_bench_result(data, entry.arm, entry.concurrency, round_, entry.session)
+            level, requests = parse_bench_result(data, entry.arm, key.level, round_, entry.session)
         except (ValueError, TypeError) as error:
             raise ImportInputError(f"{entry.index_csv or 'index'}:{entry.line}: {error}; pass `vllm bench serve "
                                    f"--save-result --save-detailed` output") from None
         mtp_on = any(key.startswith("spec_decode_") for key in data)
         level.update(spec_decode.level_fields(spec_decode.from_bench_result(data, mtp_on)))
-        parsed.append(_Parsed(entry, LevelKey(entry.concurrency, round_), level, requests))
+        if any(p.entry.arm == entry.arm and p.key == key for p in parsed):
+            raise ImportInputError(f"{entry.index_csv or 'index'}:{entry.line}: arm {entry.arm} level "
+                                   f"{key.level.label()} round {entry.round} of session {entry.session} is listed "
+                                   f"twice; give each level once (or set input_len / output_len)")
+        parsed.append(_Parsed(entry, key, level, requests))
     return parsed
 
 
@@ -163,7 +210,7 @@ def _manifest(out: Path, index_csv: Path, parsed: list[_Parsed]) -> dict[str, An
         "scenario": {"name": "imported", "workload": {"concurrency": sorted({p.key.concurrency for p in parsed})}},
         "notes": [f"imported by dsa-bench import from {index_csv}: measured by other tooling, execution path not "
                   "attested"],
-        "schedule": [[p.entry.arm, p.key.concurrency, p.key.round] for p in parsed], "arms": arms,
+        "schedule": [[p.entry.arm, str(p.key.level), p.key.round] for p in parsed], "arms": arms,
     }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.run import procs
+from harness.rundir.schema import Level
 
 
 class LevelError(RuntimeError):
@@ -110,9 +111,9 @@ def _max_gap_ms(gaps_s: Sequence[float] | None) -> float:
     return 1000.0 * max((float(gap) for gap in gaps_s or ()), default=0.0)
 
 
-def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, round_: int, session: int | None = None
+def parse_bench_result(data: Mapping[str, Any], arm: str, level: Level, round_: int, session: int | None = None
                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One vLLM bench result JSON → (``levels.csv`` row, ``requests.csv`` rows).
+    """One vLLM bench result JSON of ``level`` → (``levels.csv`` row, ``requests.csv`` rows).
 
     Per request: TTFT and E2EL from vLLM's ``ttfts``/``latencies`` (s → ms); ``output_len`` is the server-counted
     ``usage.completion_tokens`` (vLLM's ``output_lens``); TPOT = (E2EL − TTFT)/(output_len − 1) for output_len > 1
@@ -146,7 +147,8 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, roun
         e2el_ms = data["latencies"][index] * 1000.0 if not error else None
         tpot_ms = (e2el_ms - ttft_ms) / (output_len - 1) if (not error and output_len > 1) else None
         requests.append({
-            "arm": arm, "session": session, "round": round_, "concurrency": concurrency, "index": index,
+            "arm": arm, "session": session, "round": round_, "level": str(level), "concurrency": level.concurrency,
+            "index": index,
             "input_len": int(data["input_lens"][index]), "output_len": output_len,
             "ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "e2el_ms": e2el_ms,
             "start_s": (starts[index] - first) if (starts[index] is not None and first is not None) else None,
@@ -154,7 +156,7 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, concurrency: int, roun
             "max_itl_ms": _max_gap_ms(itls[index]) if (itls is not None and not error and output_len > 1) else None,
         })
     level = {
-        "arm": arm, "session": session, "round": round_, "concurrency": concurrency,
+        "arm": arm, "session": session, "round": round_, "level": str(level), "concurrency": level.concurrency,
         "completed": int(data["completed"]), "failed": int(data.get("failed", count - int(data["completed"]))),
         "duration_s": float(data["duration"]),
         "output_throughput": float(data["output_throughput"]),

@@ -74,23 +74,23 @@ class Client(Protocol):
 
 def run_pilot(plan: Plan, arm: ArmPlan, server: Any, client: Client, run_dir: Path,
               session: int | None) -> schema.PilotRecord:
-    """One pilot level per concurrency of ``plan`` on ``arm``'s running ``server`` (``base_url``,
+    """One pilot level per level of ``plan``'s grid on ``arm``'s running ``server`` (``base_url``,
     ``served_model_name``); returns the manifest's ``pilot`` record. A pilot level that fails keeps the scenario's
     count at that concurrency (its ``error`` says why); the measured levels then fail or pass on their own."""
     work = plan.scenario.workload
     raw_dir = run_dir / schema.RAW_DIR
     raw_dir.mkdir(exist_ok=True)
     started, levels = time.monotonic(), []
-    for concurrency in work.concurrency:
-        count = work.num_prompts(concurrency)
-        name = pilot_raw_name(arm.name, concurrency)
-        argv = plan.pilot_argv(arm, concurrency, server.base_url, raw_dir, server.served_model_name)
-        level = {"concurrency": concurrency, "pilot_prompts": count, "num_prompts": count,
-                 "raw": f"{schema.RAW_DIR}/{name}"}
+    for grid_level in work.levels():
+        count = work.num_prompts(grid_level)
+        name = pilot_raw_name(arm.name, grid_level)
+        argv = plan.pilot_argv(arm, grid_level, server.base_url, raw_dir, server.served_model_name)
+        level = {"level": str(grid_level), "concurrency": grid_level.concurrency, "pilot_prompts": count,
+                 "num_prompts": count, "raw": f"{schema.RAW_DIR}/{name}"}
         try:
             level.update(_measured(client, argv, run_dir / schema.LOGS_DIR / f"{arm.name}-pilot.log",
                                    raw_dir / name, work.level_timeout_s))
-            level.update(size_level(count, concurrency, level["duration_s"], work.min_level_s,
+            level.update(size_level(count, grid_level.concurrency, level["duration_s"], work.min_level_s,
                                     work.level_timeout_s)._asdict())
         except (LevelError, ValueError) as error:
             level.update(error=str(error), raw=None)
@@ -130,7 +130,7 @@ def apply(writer: ManifestWriter, plan: Plan, run_dir: Path) -> Plan:
     for arm in sized.arms:
         if writer.arm(arm.name).bench_command is not None:
             writer.update_arm(arm.name, bench_command=sized.bench_argv(
-                arm, first.concurrency, first.round, "http://127.0.0.1:<port>", run_dir / schema.RAW_DIR))
+                arm, first, "http://127.0.0.1:<port>", run_dir / schema.RAW_DIR))
     if any(level.capped for level in record.levels):
         writer.add_note(CAPPED_NOTE)
     return sized

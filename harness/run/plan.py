@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple
 
 from dsa_route import routing, serve_path
 from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
-from harness.rundir.schema import LevelKey
+from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
 
@@ -97,15 +97,15 @@ class Plan:
     arms: tuple[ArmPlan, ...]
     notes: tuple[str, ...] = field(default=())
     scenario_file: str = ""   # the TOML the scenario came from (manifest ``scenario_file``)
-    prompt_counts: tuple[tuple[int, int], ...] = ()   # (concurrency, prompts) a pilot set (harness.run.pilot)
+    prompt_counts: tuple[tuple[Level, int], ...] = ()   # (level, prompts) a pilot set (harness.run.pilot)
 
-    def num_prompts(self, concurrency: int) -> int:
-        """Requests per measured level at ``concurrency`` (warmups excluded): the pilot's count where one set it
+    def num_prompts(self, level: Level) -> int:
+        """Requests per measured round of ``level`` (warmups excluded): the pilot's count where one set it
         (:meth:`with_prompt_counts`), else ``workload.num_prompts``."""
-        return dict(self.prompt_counts).get(concurrency, self.scenario.workload.num_prompts(concurrency))
+        return dict(self.prompt_counts).get(level, self.scenario.workload.num_prompts(level))
 
-    def with_prompt_counts(self, counts: dict[int, int]) -> "Plan":
-        """This plan with every level at concurrency ``c`` sending ``counts[c]`` prompts (both arms, every round)."""
+    def with_prompt_counts(self, counts: dict[Level, int]) -> "Plan":
+        """This plan with every round of each level sending ``counts[level]`` prompts (both arms)."""
         return replace(self, prompt_counts=tuple(sorted(counts.items())))
 
     def rounds(self) -> int:
@@ -117,60 +117,54 @@ class Plan:
         return round_ // self.scenario.workload.rounds_per_session
 
     def levels(self) -> list[LevelKey]:
-        """(concurrency, round) pairs in sweep order: every concurrency of round 0, then of round 1, …"""
-        return [LevelKey(c, r) for r in range(self.rounds()) for c in self.scenario.workload.concurrency]
+        """(level, round) pairs in sweep order: every level of round 0 (:meth:`WorkloadSpec.levels`), then of
+        round 1, …"""
+        return [LevelKey(level, r) for r in range(self.rounds()) for level in self.scenario.workload.levels()]
 
-    def level_lengths(self, key: LevelKey) -> tuple[int, int]:
-        """(input_len, output_len) in tokens of the level ``key``."""
-        work = self.scenario.workload
-        return work.input_len, work.output_len
+    def regimes(self) -> list[Regime]:
+        """The sweep's regimes (dataset, input and output length), each once, in sorted order."""
+        return level_regimes(self.scenario.workload.levels())
 
-    def bench_argv(self, arm: ArmPlan, concurrency: int, repeat: int, base_url: str, result_dir: Path,
+    def bench_argv(self, arm: ArmPlan, key: LevelKey, base_url: str, result_dir: Path,
                    served_model_name: str | None = None) -> list[str]:
-        """The ``vllm bench serve`` argv of one level (random dataset, fixed lengths, ``--ignore-eos``, greedy).
+        """The ``vllm bench serve`` argv of one level's round (random dataset, the level's lengths,
+        ``--ignore-eos``, greedy).
 
         ``served_model_name`` overrides the arm's (a server started by other tooling may serve another name)."""
-        work = self.scenario.workload
-        key = LevelKey(concurrency, repeat)
-        input_len, output_len = self.level_lengths(key)
         return self._bench(arm, base_url, result_dir, served_model_name, {
-            "input_len": input_len, "output_len": output_len, "seed": work.seed + repeat,
-            "num_prompts": self.num_prompts(concurrency), "concurrency": concurrency,
-            "result_filename": key.raw_name(arm.name)})
+            "level": key.level, "seed": self.scenario.workload.seed + key.round,
+            "num_prompts": self.num_prompts(key.level), "result_filename": key.raw_name(arm.name)})
 
-    def pilot_argv(self, arm: ArmPlan, concurrency: int, base_url: str, result_dir: Path,
+    def pilot_argv(self, arm: ArmPlan, level: Level, base_url: str, result_dir: Path,
                    served_model_name: str | None = None) -> list[str]:
-        """The ``vllm bench serve`` argv of the pilot level at ``concurrency`` (harness.run.pilot): the scenario's
-        count ``workload.num_prompts``, the seed one past the last round's (its prompts are none of a measured
-        level's, so a prefix cache it fills serves no measured request) and the result file
-        :func:`pilot_raw_name`."""
+        """The ``vllm bench serve`` argv of the pilot of ``level`` (harness.run.pilot): the scenario's count
+        ``workload.num_prompts``, the seed one past the last round's (its prompts are none of a measured level's, so
+        a prefix cache it fills serves no measured request) and the result file :func:`pilot_raw_name`."""
         work = self.scenario.workload
-        input_len, output_len = self.level_lengths(LevelKey(concurrency, 0))
         return self._bench(arm, base_url, result_dir, served_model_name, {
-            "input_len": input_len, "output_len": output_len, "seed": work.seed + self.rounds(),
-            "num_prompts": work.num_prompts(concurrency), "concurrency": concurrency,
-            "result_filename": pilot_raw_name(arm.name, concurrency)})
+            "level": level, "seed": work.seed + self.rounds(), "num_prompts": work.num_prompts(level),
+            "result_filename": pilot_raw_name(arm.name, level)})
 
-    def bench_template(self, arm: ArmPlan) -> list[str]:
-        """:meth:`bench_argv` with the per-level values as formulas in ``<…>`` (``c``: concurrency, ``r``: round)."""
+    def bench_template(self, arm: ArmPlan, regime: Regime) -> list[str]:
+        """:meth:`bench_argv` of ``regime``'s levels with the per-level values as formulas in ``<…>`` (``c``:
+        concurrency, ``r``: round)."""
         work = self.scenario.workload
-        input_len, output_len = self.level_lengths(LevelKey(work.concurrency[0], 0))
+        least, per = work.prompt_rule(regime)
         return self._bench(arm, "http://127.0.0.1:<port>", Path("<run-dir>/raw"), None, {
-            "input_len": input_len, "output_len": output_len, "seed": f"<{work.seed}+r>",
-            "num_prompts": (f"<max({work.min_prompts},{work.prompts_per_concurrency}c)>" if not work.min_level_s else
-                            f"<pilot: ≥ {work.min_level_s:g} s, ≥ max({work.min_prompts},"
-                            f"{work.prompts_per_concurrency}c)>"), "concurrency": "<c>",
-            "result_filename": f"{arm.name}-c<c>-r<r>.json"})
+            "level": regime.at(1), "concurrency": "<c>", "seed": f"<{work.seed}+r>",
+            "num_prompts": (f"<max({least},{per}c)>" if not work.min_level_s else
+                            f"<pilot: ≥ {work.min_level_s:g} s, ≥ max({least},{per}c)>"),
+            "result_filename": f"{arm.name}-{regime}-c<c>-r<r>.json"})
 
     def _bench(self, arm: ArmPlan, base_url: str, result_dir: Path, served_model_name: str | None,
                level: dict) -> list[str]:
         return [
             "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", arm.model_path, "--served-model-name", served_model_name or arm.served_model_name, "--tokenizer", arm.tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(level["input_len"]),
-            "--random-output-len", str(level["output_len"]), "--ignore-eos", "--temperature", "0",
+            "--dataset-name", level["level"].dataset, "--random-input-len", str(level["level"].input_len),
+            "--random-output-len", str(level["level"].output_len), "--ignore-eos", "--temperature", "0",
             "--seed", str(level["seed"]), "--num-prompts", str(level["num_prompts"]),
-            "--max-concurrency", str(level["concurrency"]), "--request-rate", "inf",
+            "--max-concurrency", str(level.get("concurrency", level["level"].concurrency)), "--request-rate", "inf",
             "--num-warmups", str(self.scenario.workload.warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", BENCH_PERCENTILES,
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
@@ -178,9 +172,9 @@ class Plan:
         ]
 
 
-def pilot_raw_name(arm: str, concurrency: int) -> str:
-    """The ``raw/`` file name of the pilot level of ``arm`` at ``concurrency`` (never a measured level's name)."""
-    return f"pilot-{arm}-c{concurrency}.json"
+def pilot_raw_name(arm: str, level: Level) -> str:
+    """The ``raw/`` file name of the pilot of ``level`` on ``arm`` (never a measured level's name)."""
+    return f"pilot-{arm}-{level}.json"
 
 
 def vllm_executable() -> str:

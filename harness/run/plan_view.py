@@ -43,28 +43,21 @@ def _header(plan: Plan, refusal: str | None) -> list[str]:
 
 
 def _grid_lines(plan: Plan) -> list[str]:
+    """The level grid: one line per regime (its tokens in → out, dataset, concurrencies and prompt counts), every
+    level in one run, one schedule and one verdict."""
     work = plan.scenario.workload
-    order = _order_text(plan)
-    levels = plan.levels()
-    lengths = sorted({plan.level_lengths(key) for key in levels})
-    return [
-        f"levels: concurrency {','.join(map(str, work.concurrency))} × rounds 0..{plan.rounds() - 1} = "
-        f"{len(levels)} per arm ({order}; levels {work.level_order} per round)",
-        "tokens in/out: " + ", ".join(f"{i}/{o}" for i, o in lengths),
-        _prompts_line(plan),
-        _placement_line(plan),
-    ]
-
-
-def _prompts_line(plan: Plan) -> str:
-    """Prompts per level; with ``workload.min_level_s`` these are the pilot's counts and the floor sets the rest."""
-    work = plan.scenario.workload
-    counts = ", ".join(f"c={c}:{work.num_prompts(c)}" for c in work.concurrency) + f" (+{work.warmups} warmups)"
-    if not work.min_level_s:
-        return f"prompts per level: {counts}"
-    return (f"prompts per level: ≥ {work.min_level_s:g} s per level, counts set by a pilot (one level per concurrency "
-            f"at {counts} on the first server started; never fewer, a multiple of c, the same for both arms and "
-            f"every round)")
+    levels = work.levels()
+    lines = [f"levels: {len(levels)} (regime × concurrency) × rounds 0..{plan.rounds() - 1} = {len(plan.levels())} "
+             f"per arm ({_order_text(plan)}; levels {work.level_order} per round)"]
+    for regime in plan.regimes():
+        mine = [level for level in levels if level.regime == regime]
+        counts = ", ".join(f"c={level.concurrency}:{work.num_prompts(level)}" for level in mine)
+        lines.append(f"  tokens {regime.label()}: prompts per level {counts} (+{work.warmups} warmups)")
+    if work.min_level_s:
+        lines.append(f"  prompts per level: ≥ {work.min_level_s:g} s per level, counts set by a pilot (one level each "
+                     f"at the counts above on the first server started; never fewer, a multiple of c, the same for "
+                     f"both arms and every round)")
+    return lines + [_placement_line(plan)]
 
 
 def _order_text(plan: Plan) -> str:
@@ -94,7 +87,8 @@ def compact(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
     lines = _header(plan, refusal)
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=False)
-    lines += ["", f"bench (each arm, each level; --verbose lists them): {shlex.join(plan.bench_template(plan.arms[0]))}"]
+    lines += [""] + [f"bench {regime.label()} (each arm, each level; --verbose lists them): "
+                     f"{shlex.join(plan.bench_template(plan.arms[0], regime))}" for regime in plan.regimes()]
     lines += _grid_lines(plan)
     lines += ["", estimate.line(), f"prior: {estimate.prior['source']}"]
     return "\n".join(lines) + "\n"
@@ -106,8 +100,8 @@ def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=True)
         for key in plan.levels():
-            argv = plan.bench_argv(arm, key.concurrency, key.round, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
-            lines.append(f"  bench c={key.concurrency} r={key.round}: {shlex.join(argv)}")
+            argv = plan.bench_argv(arm, key, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
+            lines.append(f"  bench {key.level.label()} r={key.round}: {shlex.join(argv)}")
     lines += [""] + _grid_lines(plan) + ["", estimate.line(), f"prior: {estimate.prior['source']}"]
     return "\n".join(lines) + "\n"
 
@@ -116,13 +110,13 @@ def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
     """Everything: scenario, machine, notes, arms (decision, env, server argv), every level's bench argv, estimate."""
     levels = []
     for key in plan.levels():
-        input_len, output_len = plan.level_lengths(key)
         levels.append({
-            "key": str(key), "concurrency": key.concurrency, "round": key.round, "input_len": input_len,
-            "output_len": output_len, "num_prompts": plan.num_prompts(key.concurrency),
+            "key": str(key), "level": str(key.level), "regime": str(key.level.regime), "dataset": key.level.dataset,
+            "concurrency": key.concurrency, "round": key.round, "input_len": key.level.input_len,
+            "output_len": key.level.output_len, "num_prompts": plan.num_prompts(key.level),
             "num_prompts_set_by_pilot": bool(plan.scenario.workload.min_level_s),
-            "bench_argv": {arm.name: plan.bench_argv(arm, key.concurrency, key.round, "http://127.0.0.1:<port>",
-                                                     Path("<run-dir>/raw")) for arm in plan.arms}})
+            "bench_argv": {arm.name: plan.bench_argv(arm, key, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
+                           for arm in plan.arms}})
     document = {
         "scenario": plan.scenario.model_dump(mode="json"), "scenario_file": plan.scenario_file,
         "machine": plan.machine.to_dict(), "refusal": refusal, "notes": list(plan.notes),

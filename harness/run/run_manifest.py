@@ -89,7 +89,8 @@ def initial(plan: Plan, run_dir: Path, *, remote: bool, aa_check: dict[str, Any]
         scenario_file=plan.scenario_file, scenario=plan.scenario,
         platform={**plan.machine.to_dict(), "load_avg_at_start": load_avg()},
         versions=machine_mod.versions(), git_sha=machine_mod.git_sha(REPO_ROOT), notes=plan.notes,
-        schedule=schedule(plan), arms=tuple(_arm(plan, arm, run_dir, remote) for arm in plan.arms),
+        schedule=tuple((name, str(level), r) for name, level, r in schedule(plan)),
+        arms=tuple(_arm(plan, arm, run_dir, remote) for arm in plan.arms),
         estimate=estimate(plan).to_dict(), aa_check=aa_check,
         cluster=cluster_info.manifest_record(plan.scenario.cluster, [arm.name for arm in plan.arms],
                                              plan.scenario.workload.repeats))
@@ -101,8 +102,7 @@ def _arm(plan: Plan, arm: ArmPlan, run_dir: Path, remote: bool) -> RunArm:
     return RunArm(
         name=arm.name, route=arm.route, description=arm.description, decision=arm.decision,
         unavailable=arm.unavailable, server_command=arm.server_argv("<port>"), server_env=redact_env(arm.server_env),
-        bench_command=plan.bench_argv(arm, first.concurrency, first.round, "http://127.0.0.1:<port>",
-                                      run_dir / schema.RAW_DIR),
+        bench_command=plan.bench_argv(arm, first, "http://127.0.0.1:<port>", run_dir / schema.RAW_DIR),
         intended=arm.intended, injection=_injection_record(arm), build=None if remote else builds.record(arm),
         levels={str(key): LevelRecord() for key in plan.levels()})
 

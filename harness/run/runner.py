@@ -23,7 +23,7 @@ from harness.run import (accuracy, arm_checks, attest, builds, cluster as cluste
 from harness.run.placement import Slot, slot_for
 
 from harness.rundir import schema
-from harness.rundir.schema import LevelKey, LevelRecord, LevelState, Manifest
+from harness.rundir.schema import Level, LevelKey, LevelRecord, LevelState, Manifest
 from harness.rundir.store import RunDir
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan, multi_node
@@ -94,8 +94,8 @@ class Runner:
     def _save(self) -> None:
         self.writer.save()
 
-    def _level(self, arm: str, concurrency: int, round_no: int) -> LevelRecord:
-        return self.writer.level(arm, LevelKey(concurrency, round_no))
+    def _level(self, arm: str, level: Level, round_no: int) -> LevelRecord:
+        return self.writer.level(arm, LevelKey(level, round_no))
 
     def _new_session(self, arm: str, ready_s: float, base_url: str, startup: dict[str, float | None] | None = None,
                      gpus: dict[str, Any] | None = None) -> None:
@@ -286,15 +286,15 @@ class Runner:
             self.gsm8k_failures[arm] = failure
 
     # ----------------------------------------------------------------------------------------------- levels
-    def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, concurrency: int,
+    def _run_level(self, client: LoadClient, arm: ArmPlan, server: VllmServer | RemoteServer, level: Level,
                    round_no: int,
                    progress: Progress, task) -> None:
         raw_dir = self.run_dir / schema.RAW_DIR
         raw_dir.mkdir(exist_ok=True)
-        argv = self.plan.bench_argv(arm, concurrency, round_no, server.base_url, raw_dir, server.served_model_name)
-        total = self.plan.num_prompts(concurrency) + self.plan.scenario.workload.warmups
+        argv = self.plan.bench_argv(arm, LevelKey(level, round_no), server.base_url, raw_dir, server.served_model_name)
+        total = self.plan.num_prompts(level) + self.plan.scenario.workload.warmups
         before = request_successes(server)
-        progress.update(task, description=f"{arm.name} c={concurrency} r={round_no}", total=total, completed=0)
+        progress.update(task, description=f"{arm.name} {level.label()} r={round_no}", total=total, completed=0)
 
         def tick() -> None:
             progress.update(task, completed=max(0.0, request_successes(server) - before))
@@ -309,14 +309,14 @@ class Runner:
             raise LevelError(f"benchmark failed: {reply['error']}")
         if not server.alive():
             raise LevelError("server died during the level")
-        bench = read_bench_json(self.store.raw_path(arm.name, LevelKey(concurrency, round_no)))
-        level_row, request_rows = parse_bench_result(bench, arm.name, concurrency, round_no, self._session(arm.name))
+        bench = read_bench_json(self.store.raw_path(arm.name, LevelKey(level, round_no)))
+        level_row, request_rows = parse_bench_result(bench, arm.name, level, round_no, self._session(arm.name))
         mtp_on = self.plan.scenario.mtp.num_speculative_tokens > 0
         level_row.update(spec_decode.level_fields(spec_decode.from_bench_result(bench, mtp_on)))
         columns, unreadable = server_metrics.level_columns(bench)
         level_row.update(columns)
         if unreadable:
-            self.console.print(f"[yellow]{arm.name} c={concurrency} r={round_no}: server /metrics columns left empty "
+            self.console.print(f"[yellow]{arm.name} {level.label()} r={round_no}: server /metrics columns left empty "
                                f"({escape(unreadable)})[/]")
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
@@ -326,15 +326,15 @@ class Runner:
         self.store.append_requests(request_rows)
         self.store.append_levels([level_row])
         progress.update(task, completed=total)
-        self.console.print(f"{arm.name} c={concurrency} r={round_no}: {level_row['completed']} ok, "
+        self.console.print(f"{arm.name} {level.label()} r={round_no}: {level_row['completed']} ok, "
                            f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
                            f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
 
     # ----------------------------------------------------------------------------------------------- the loop
-    def _ready(self, name: str, concurrency: int, round_no: int) -> VllmServer | RemoteServer | None:
+    def _ready(self, name: str, level: Level, round_no: int) -> VllmServer | RemoteServer | None:
         """The running server a pending level is measured on; None when the level is not run now (done on a resumed
         run, or its arm is dead: the level's status then says why)."""
-        key = LevelKey(concurrency, round_no)
+        key = LevelKey(level, round_no)
         if self.writer.level(name, key).status == LevelState.DONE:
             return None
         if name in self.dead_arms:
@@ -347,21 +347,21 @@ class Runner:
             self._save()
         return server
 
-    def _measure(self, client: LoadClient, name: str, server: VllmServer | RemoteServer, concurrency: int,
+    def _measure(self, client: LoadClient, name: str, server: VllmServer | RemoteServer, level: Level,
                  round_no: int, progress: Progress, task) -> None:
         """Run one level (:meth:`_run_level`) and record its outcome, start and end (UTC, ms) in the manifest. A
         level failure is recorded, not raised; its arm then stops unless ``continue_on_error`` (or its server died)."""
-        key, level_started = LevelKey(concurrency, round_no), time.monotonic()
+        key, level_started = LevelKey(level, round_no), time.monotonic()
         with self.writer.lock:
             self.writer.update_level(name, key, status="failed: interrupted during this level",
                                      started_at=now("milliseconds"))
             self._save()
         status, dead = "done", None
         try:
-            self._run_level(client, self.arms_plan[name], server, concurrency, round_no, progress, task)
+            self._run_level(client, self.arms_plan[name], server, level, round_no, progress, task)
         except (LevelError, ValueError) as error:
             status = f"failed: {error}"
-            self.console.print(f"[red]{name} c={concurrency} r={round_no} failed: {escape(str(error))}[/]")
+            self.console.print(f"[red]{name} {level.label()} r={round_no} failed: {escape(str(error))}[/]")
             dead = ("server died" if not server.alive() else None if self.options.continue_on_error
                     else "an earlier level failed (use --continue-on-error to go on)")
         with self.writer.lock:
@@ -373,7 +373,7 @@ class Runner:
                                      **session)
             self._save()
 
-    def _run_step(self, items: list[tuple[str, int, int]], clients: dict[str, LoadClient], progress: Progress,
+    def _run_step(self, items: list[tuple[str, Level, int]], clients: dict[str, LoadClient], progress: Progress,
                   tasks: dict[str, Any]) -> None:
         """The levels of one step: one level, or (duet) both arms' levels at the same time on servers started first.
         Concurrent servers: every live arm's server is up before a level is measured, so no level runs beside a

@@ -17,6 +17,7 @@ from harness.judge.policy import GatePolicy
 from harness.run.cluster_spec import ClusterSpec
 from harness.run.spec_base import Frozen as _Frozen, one_of as _one_of
 from harness.rundir.files import first_error
+from harness.rundir.schema import DATASETS, Level, Regime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS_DIR = REPO_ROOT / "scenarios"
@@ -118,10 +119,47 @@ survives running twice as slow as in its pilot (this VM's A/A rounds of one leve
 300 tok/s) before the timeout ends it."""
 
 
-class WorkloadSpec(_Frozen):
-    """The load sweep: vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
+class RegimeSpec(_Frozen):
+    """One more regime of the sweep (``[[workload.regimes]]``, issue #26): requests of ``input_len`` in and
+    ``output_len`` out (tokens) from ``dataset`` at each of ``concurrency`` (None = the workload's own list), in the
+    same run, session blocks and verdict as the workload's own regime. ``min_prompts`` and
+    ``prompts_per_concurrency`` (None = the workload's) size its levels as the workload's do."""
 
-    Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``. ``repeats`` session blocks,
+    input_len: int = Field(gt=0)
+    output_len: int = Field(gt=1)
+    dataset: Annotated[str, AfterValidator(_one_of("workload.regimes.dataset", DATASETS))] = "random"
+    concurrency: tuple[int, ...] | None = None
+    min_prompts: int | None = Field(default=None, gt=0)
+    prompts_per_concurrency: int | None = Field(default=None, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_levels(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        return None if value is None else _concurrency_levels(value)
+
+
+def _concurrency_levels(value: tuple[int, ...]) -> tuple[int, ...]:
+    """A concurrency list sorted and without repeats.
+
+    Raises:
+        ValueError: an empty list or a level below 1.
+    """
+    if not value:
+        raise ValueError("needs at least one concurrency level, e.g. [1, 2, 4]")
+    bad = [level for level in value if level < 1]
+    if bad:
+        raise ValueError(f"concurrency levels must be ≥ 1, got {bad}")
+    return tuple(sorted(set(value)))
+
+
+class WorkloadSpec(_Frozen):
+    """The load sweep: levels of vLLM's random dataset at fixed lengths, ``--ignore-eos``, temperature 0.
+
+    A level (:class:`harness.rundir.schema.Level`) is a regime — ``dataset``, ``input_len``, ``output_len`` — at a
+    concurrency: the workload's own regime at each of ``concurrency``, then each of ``regimes`` (more lengths in the
+    same run, e.g. the long-context levels where DSA's indexer drops keys) at each of its concurrencies
+    (:meth:`levels`). Prompts per level = ``max(min_prompts, prompts_per_concurrency × concurrency)``, with a regime's
+    own counts where it sets them. ``repeats`` session blocks,
     each a fresh server session per arm where :meth:`Scenario.fresh_session_per_block` (else concurrent servers keep
     one session each), each block measuring ``rounds_per_session`` rounds over all levels: ``repeats ×
     rounds_per_session`` rounds in all. ``level_order = "shuffled"`` runs each
@@ -139,6 +177,8 @@ class WorkloadSpec(_Frozen):
     concurrency: tuple[int, ...]
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=1)
+    dataset: Annotated[str, AfterValidator(_one_of("workload.dataset", DATASETS))] = "random"
+    regimes: tuple[RegimeSpec, ...] = ()
     prompts_per_concurrency: int = Field(default=8, gt=0)
     min_prompts: int = Field(default=16, gt=0)
     warmups: int = Field(default=2, ge=0)
@@ -171,16 +211,45 @@ class WorkloadSpec(_Frozen):
     @field_validator("concurrency")
     @classmethod
     def _positive_levels(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if not value:
-            raise ValueError("needs at least one concurrency level, e.g. [1, 2, 4]")
-        bad = [level for level in value if level < 1]
-        if bad:
-            raise ValueError(f"concurrency levels must be ≥ 1, got {bad}")
-        return tuple(sorted(set(value)))
+        return _concurrency_levels(value)
 
-    def num_prompts(self, concurrency: int) -> int:
-        """Requests sent at ``concurrency`` (warmups excluded)."""
-        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+    @model_validator(mode="after")
+    def _regimes_differ(self) -> "WorkloadSpec":
+        regimes = [Regime(self.dataset, self.input_len, self.output_len)] + [
+            Regime(r.dataset, r.input_len, r.output_len) for r in self.regimes]
+        twice = sorted({str(r) for r in regimes if regimes.count(r) > 1})
+        if twice:
+            raise ValueError(f"regime {twice[0]} is given twice (the workload's own lengths or a repeated "
+                             f"[[workload.regimes]] entry); merge their concurrency lists into one")
+        return self
+
+    def levels(self) -> tuple[Level, ...]:
+        """Every level of the sweep: the workload's regime at each of its concurrencies, then each regime's."""
+        own = Regime(self.dataset, self.input_len, self.output_len)
+        return tuple([own.at(c) for c in self.concurrency] + [
+            Regime(r.dataset, r.input_len, r.output_len).at(c)
+            for r in self.regimes for c in (r.concurrency or self.concurrency)])
+
+    def regime_spec(self, level: Level) -> RegimeSpec | None:
+        """The ``[[workload.regimes]]`` entry ``level`` belongs to; None for the workload's own regime."""
+        return next((r for r in self.regimes if Regime(r.dataset, r.input_len, r.output_len) == level.regime), None)
+
+    def prompt_rule(self, regime: Regime) -> tuple[int, int]:
+        """``(min_prompts, prompts_per_concurrency)`` of ``regime``'s levels: its own where it sets them."""
+        spec = self.regime_spec(regime.at(1))
+        least = spec.min_prompts if spec is not None and spec.min_prompts is not None else self.min_prompts
+        per = (spec.prompts_per_concurrency if spec is not None and spec.prompts_per_concurrency is not None
+               else self.prompts_per_concurrency)
+        return least, per
+
+    def num_prompts(self, level: Level) -> int:
+        """Requests sent at ``level`` (warmups excluded): ``max(min_prompts, prompts_per_concurrency × c)``."""
+        least, per = self.prompt_rule(level.regime)
+        return max(least, per * level.concurrency)
+
+    def longest_request(self) -> int:
+        """The most tokens one request of the sweep needs (input + output), over every regime."""
+        return max(level.input_len + level.output_len for level in self.levels())
 
 
 class MtpSpec(_Frozen):
@@ -316,9 +385,9 @@ class Scenario(_Frozen):
 
     @model_validator(mode="after")
     def _requests_fit(self) -> "Scenario":
-        need = self.workload.input_len + self.workload.output_len
+        need = self.workload.longest_request()
         if need > self.model.max_model_len:
-            raise ValueError(f"workload.input_len + workload.output_len = {need} exceeds model.max_model_len "
+            raise ValueError(f"the longest level's input_len + output_len = {need} exceeds model.max_model_len "
                              f"{self.model.max_model_len}; shorten the requests or raise model.max_model_len")
         return self
 

@@ -12,6 +12,7 @@ from typing import Any
 from harness.judge.planning import baseline_first
 from harness.rundir import store as rundir_store
 from harness.run.plan import Plan
+from harness.rundir.schema import Level
 
 
 # Never written to the run directory or logs: any variable whose name contains one of these.
@@ -49,17 +50,18 @@ def redacted_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
     return scenario
 
 
-def round_order(plan: Plan, round_: int) -> list[int]:
-    """The concurrencies of round ``round_`` in run order: sorted, or (``workload.level_order = "shuffled"``) a
-    permutation drawn from ``random.Random(f"{workload.seed}:{round_}")`` — the same for both arms and on resume."""
-    levels = sorted(plan.scenario.workload.concurrency)
+def round_order(plan: Plan, round_: int) -> list[Level]:
+    """The levels of round ``round_`` in run order: sorted (each regime's by concurrency), or
+    (``workload.level_order = "shuffled"``) a permutation drawn from ``random.Random(f"{workload.seed}:{round_}")``
+    — the same for both arms and on resume."""
+    levels = sorted(plan.scenario.workload.levels())
     if plan.scenario.workload.level_order == "shuffled":
         random.Random(f"{plan.scenario.workload.seed}:{round_}").shuffle(levels)
     return levels
 
 
-def schedule(plan: Plan) -> list[tuple[str, int, int]]:
-    """(arm, concurrency, round) in run order, over :meth:`Plan.levels`, each round's levels in :func:`round_order`.
+def schedule(plan: Plan) -> list[tuple[str, Level, int]]:
+    """(arm, level, round) in run order, over :meth:`Plan.levels`, each round's levels in :func:`round_order`.
 
     Sequential servers: session blocks, each both arms one after the other in the order
     :func:`~harness.judge.planning.baseline_first` draws (``workload.block_order``: a seeded coin per block, or
@@ -71,7 +73,7 @@ def schedule(plan: Plan) -> list[tuple[str, int, int]]:
     fixed sequence would tie that carryover to one arm at each level) — one session each for the run, or a fresh
     pair per session block
     (:meth:`~harness.run.scenario.Scenario.fresh_session_per_block`). Duet (``serve.duet``): the same order, each
-    step's two entries (one per arm, same concurrency and round) back to back; the runner sends them at the same time
+    step's two entries (one per arm, same level and round) back to back; the runner sends them at the same time
     (:func:`harness.run.duet.steps`).
     """
     names = [arm.name for arm in plan.arms]

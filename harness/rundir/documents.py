@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.rundir.levels import Level
+
 
 class _Open(BaseModel):
     """A summary document: the named fields typed, further keys kept as written (the producer owns their shape)."""
@@ -65,13 +67,17 @@ class ParitySummary(_Open):
 
 
 class VerdictCell(_Open):
-    """One cell of ``verdict.json``: a metric at a level (``concurrency`` None for GSM8K), both arms' figures, Δ
-    (``delta_unit`` "%" or "pt") with its interval at ``ci_level``, the margin, ``result`` (None for diagnostics)."""
+    """One cell of ``verdict.json``: a metric at a level (``level`` its id ``str(Level)``, ``regime`` its regime's,
+    ``concurrency`` its concurrency; all None for GSM8K; a pooled cell has a ``regime`` only — verdict documents
+    before schema 3 have no ``level``/``regime``), both arms' figures, Δ (``delta_unit`` "%" or "pt") with its
+    interval at ``ci_level``, the margin, ``result`` (None for diagnostics)."""
 
     metric: str
     label: str
     unit: str = ""
     concurrency: int | None = None
+    level: str | None = None
+    regime: str | None = None
     primary: bool = True
     result: Literal["PASS", "FAIL", "INCONCLUSIVE", "INVALID"] | None = None
     higher_is_better: bool = True
@@ -90,7 +96,10 @@ class VerdictCell(_Open):
 
     @property
     def where(self) -> str:
-        """``"c=<concurrency>"``, or ``"GSM8K"``."""
+        """``"c=<concurrency> · <regime>"`` (``"c=<concurrency>"`` without a level id), or ``"GSM8K"``."""
+        level = Level.parse(self.level)
+        if level is not None:
+            return level.label()
         return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
 
 

@@ -8,6 +8,10 @@ from harness.rundir.record import Record as _Record
 class LevelRow(_Record):
     """One ``levels.csv`` row: vLLM's level result (``vllm bench serve`` JSON) plus what dsa-bench measured around it.
 
+    ``level`` is the level's id (``str(Level)``: dataset, input and output length, concurrency; schema 2 files,
+    which lack it, get it on read from the scenario's one regime, :mod:`harness.rundir.v2`), ``concurrency`` its
+    concurrency (kept as its own column for readers of the CSV).
+
     ``client_cpu_util`` = benchmark client CPU seconds / level wall seconds; ``max_concurrent_requests`` is vLLM's.
     ``host_steal_fraction`` = stolen / all CPU ticks of the host between the level's start and end (0..1) and
     ``load_avg_1m`` the 1-minute load average at its end (harness.run.host_load; empty in older run directories and
@@ -28,6 +32,7 @@ class LevelRow(_Record):
     arm: str
     session: int | None = None
     round: int
+    level: str                                  # str(harness.rundir.schema.Level): regime and concurrency
     concurrency: int
     completed: int
     failed: int
@@ -74,6 +79,7 @@ class RequestRow(_Record):
     arm: str
     session: int | None = None
     round: int
+    level: str                                  # the level the request was sent in (str(Level))
     concurrency: int
     index: int
     input_len: int
@@ -103,8 +109,8 @@ LEVEL_COLUMNS: tuple[str, ...] = tuple(LevelRow.model_fields)
 REQUEST_COLUMNS: tuple[str, ...] = tuple(RequestRow.model_fields)
 ACCURACY_COLUMNS: tuple[str, ...] = tuple(AccuracyRow.model_fields)
 MTP_COLUMNS: tuple[str, ...] = LEVEL_COLUMNS[LEVEL_COLUMNS.index("spec_drafts"):]
-REQUIRED_LEVEL_COLUMNS: tuple[str, ...] = ("arm", "round", "concurrency", "completed", "failed")
-REQUIRED_REQUEST_COLUMNS: tuple[str, ...] = ("arm", "round", "concurrency", "output_len", "ttft_ms", "tpot_ms",
+REQUIRED_LEVEL_COLUMNS: tuple[str, ...] = ("arm", "round", "level", "concurrency", "completed", "failed")
+REQUIRED_REQUEST_COLUMNS: tuple[str, ...] = ("arm", "round", "level", "concurrency", "output_len", "ttft_ms", "tpot_ms",
                                              "e2el_ms", "start_s", "error")
 REQUIRED_ACCURACY_COLUMNS: tuple[str, ...] = ("arm", "question_id", "filter", "correct")
 

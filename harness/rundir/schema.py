@@ -1,19 +1,21 @@
-"""The run directory's schema: every file name, every column and the typed manifest (``schema_version`` 2).
+"""The run directory's schema: every file name, every column and the typed manifest (``schema_version`` 3).
 
 Pure: pydantic models and constants, no file access (that is :mod:`harness.rundir.store`). A run directory
 ``results/<run-id>/`` holds:
 
 - ``manifest.json`` — :class:`Manifest`: the resolved scenario, one :class:`ArmRecord` per arm (a list, so a run
   may compare more than two), versions, platform, git sha, times, per-arm and per-level status.
-- ``levels.csv`` — one :class:`LevelRow` per arm × session × round × concurrency (columns :data:`LEVEL_COLUMNS`).
+- ``levels.csv`` — one :class:`LevelRow` per arm × session × round × level (columns :data:`LEVEL_COLUMNS`). A level
+  (:class:`Level`, column ``level``) is a regime — dataset, input and output length — at a concurrency; schema 2 keyed
+  levels by concurrency alone, read here with the scenario's one regime (:mod:`harness.rundir.v2`).
 - ``requests.csv`` — one :class:`RequestRow` per request (columns :data:`REQUEST_COLUMNS`).
 - ``accuracy.csv`` — one :class:`AccuracyRow` per arm × GSM8K question × lm-eval filter; ``accuracy/<arm>/`` holds
   lm-eval's own output and ``arm.json``; ``accuracy/summary.json`` the per-arm scores (:class:`AccuracySummary`).
 - ``parity/<arm>.json`` and ``parity.json`` — greedy outputs per arm and their comparison (:class:`ParitySummary`).
-- ``raw/<arm>-c<concurrency>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result, plus the
+- ``raw/<arm>-<level>-r<round>.json`` — vLLM's own ``vllm bench serve --save-detailed`` result, plus the
   key ``dsa_bench_server_metrics``: the server's full Prometheus ``/metrics`` text right before and right after the
   measured requests (``{"before": {"unix_s", "text"}, "after": {...}}``; :mod:`harness.run.server_metrics`; absent
-  in older run directories and imported results); ``raw/pilot-<arm>-c<concurrency>.json`` a pilot level's
+  in older run directories and imported results); ``raw/pilot-<arm>-<level>.json`` a pilot level's
   (``workload.min_level_s``; manifest ``pilot``), not a measurement.
 - ``logs/`` — server, benchmark-client and lm-eval logs.
 - ``verdict.json`` (:class:`VerdictDocument`), ``summary.md``, ``benchmark.pytorch.json``, ``report.html``.
@@ -21,7 +23,7 @@ Pure: pydantic models and constants, no file access (that is :mod:`harness.rundi
 Replication hierarchy: arm → session (one ``vllm serve`` process; a new session each time the runner starts or
 connects to a server: one per arm and block of levels with sequential servers, with concurrent ones under
 ``serve.restart_per_block``, ``serve.duet`` or swapped placements, else one per arm per run with concurrent servers;
-and a new one after ``--resume``) → round (one pass over the concurrency levels; version 1 called it
+and a new one after ``--resume``) → round (one pass over the levels; version 1 called it
 ``repeat``) → request.
 
 Units are in the column names (``_ms`` milliseconds, ``_s`` seconds, throughputs in tokens/s or requests/s). The
@@ -32,15 +34,15 @@ level metrics are vLLM's own (``vllm/benchmarks/serve.py``: ``mean_tpot_ms`` is 
 from __future__ import annotations
 
 import math
-import re
 from enum import Enum
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from pydantic import Field
 
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
+from harness.rundir.levels import DATASETS, Level, LevelKey, Regime, level_regimes, workload_levels  # re-exported
 from harness.rundir.observation import Observation, RemoteObservation  # re-exported
 from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
 from harness.rundir.record import Record as _Record
@@ -48,9 +50,10 @@ from harness.rundir.rows import (ACCURACY_COLUMNS, LEVEL_COLUMNS, MTP_COLUMNS, R
                                 REQUIRED_ACCURACY_COLUMNS, REQUIRED_LEVEL_COLUMNS, REQUIRED_REQUEST_COLUMNS,
                                 AccuracyRow, LevelRow, RequestRow)
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Manifest versions this code reads (1 through :func:`harness.rundir.store.upgrade_v1`)."""
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Manifest versions this code reads (1 and 2 through :func:`harness.rundir.v1.upgrade_v1` and
+:func:`harness.rundir.v2.upgrade_v2`). A newer one is refused in one line (:meth:`harness.rundir.store.RunDir.manifest`)."""
 
 MANIFEST = "manifest.json"
 LEVELS = "levels.csv"
@@ -87,32 +90,6 @@ SEVERITY = {Status.FAIL: 0, Status.INVALID: 1, Status.INCONCLUSIVE: 2, Status.PA
 """Worst first: the overall verdict is the most severe primary cell's."""
 EXIT_CODES: dict[Status, int] = {Status.PASS: 0, Status.FAIL: 1, Status.INCONCLUSIVE: 3, Status.INVALID: 4}
 """``dsa-bench gate``'s exit code per verdict (2 stays the usage error)."""
-
-
-class LevelKey(NamedTuple):
-    """One level of a sweep: concurrency and round. ``str(key)`` is its manifest key ``c<concurrency>-r<round>``;
-    :meth:`parse` reads one back (the only place the format is built or parsed)."""
-
-    concurrency: int
-    round: int
-
-    def __str__(self) -> str:
-        return f"c{self.concurrency}-r{self.round}"
-
-    def raw_name(self, arm: str) -> str:
-        """The level's ``raw/`` file name for ``arm``."""
-        return f"{arm}-{self}.json"
-
-    @staticmethod
-    def parse(text: str) -> LevelKey | None:
-        """``"c4-r1"`` → ``LevelKey(4, 1)``; None for any other text."""
-        match = _LEVEL_KEY.match(str(text))
-        return LevelKey(int(match.group(1)), int(match.group(2))) if match else None
-
-
-_LEVEL_KEY = re.compile(r"^c(\d+)-r(\d+)$")
-
-
 
 
 # ------------------------------------------------------------------------------------------------------- manifest
@@ -289,7 +266,7 @@ class ArmRecord(_Record):
     levels: dict[str, LevelRecord] = Field(default_factory=dict)   # str(LevelKey) → status
 
     def level_items(self) -> list[tuple[LevelKey, LevelRecord]]:
-        """Levels with a parseable key, sorted by (concurrency, round)."""
+        """Levels with a parseable key, sorted by (level, round)."""
         found = [(LevelKey.parse(key), record) for key, record in self.levels.items()]
         return sorted(((key, record) for key, record in found if key is not None), key=lambda item: item[0])
 
@@ -329,7 +306,7 @@ class Manifest(_Record):
     (``harness.run.run_manifest.RunManifest``: a ``Scenario``, ``RouteDecision`` and :class:`Observation`), whose
     JSON is the same."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     run_id: str
     status: RunStatus = "running"
     started_at: str | None = None
@@ -342,7 +319,7 @@ class Manifest(_Record):
     versions: dict[str, str | None] = Field(default_factory=dict)
     git_sha: str | None = None
     notes: tuple[str, ...] = ()
-    schedule: tuple[tuple[str, int, int], ...] = ()      # (arm, concurrency, round) in run order
+    schedule: tuple[tuple[str, str, int], ...] = ()      # (arm, str(Level), round) in run order
     arms: tuple[ArmRecord, ...] = ()
     timing: dict[str, float | None] = Field(default_factory=dict)
     estimate: EstimateRecord | None = None      # what the plan expected; compare with ``timing``
@@ -396,7 +373,7 @@ __all__ = [  # the documents beside the manifest live in harness.rundir.document
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
-    "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "LevelKey", "LevelRecord", "LevelRow", "LevelState", "level_reason",
+    "DATASETS", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "Level", "LevelKey", "Regime", "level_regimes", "LevelRecord", "LevelRow", "LevelState", "level_reason",
     "level_state", "MANIFEST", "MTP_COLUMNS", "Manifest",
     "NodeRecord", "Observation", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement",
     "Platform",

@@ -3,8 +3,9 @@
 Every write is atomic (temp file in the same directory + ``os.replace``), so a crash never leaves a half-written
 file. Every read is typed: ``manifest.json`` as a :class:`~harness.rundir.schema.Manifest`, the CSVs as pandas frames
 with the schema's columns. A version-1 run directory (dsa-bench before the typed schema) is read through
-:func:`upgrade_v1` (arms map → list, ``repeat`` → ``round``, sessions inferred from how servers were scheduled);
-any other version is refused with one line naming it.
+:func:`upgrade_v1` (arms map → list, ``repeat`` → ``round``, sessions inferred from how servers were scheduled), a
+version-2 one (levels keyed by concurrency alone) through :func:`upgrade_v2` (each level the scenario's one regime at
+its concurrency); any other version is refused with one line naming it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from harness.rundir import schema
 from harness.metrics import finite_float
 from harness.rundir.files import first_error, one_line, json_text, rows_to_csv
 from harness.rundir.v1 import upgrade_v1, upgrade_v1_frame
-from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, LevelKey, LevelRow,
-                                   Manifest, RequestRow)
+from harness.rundir.v2 import upgrade_v2, upgrade_v2_frame
+from harness.rundir.schema import (ACCURACY_COLUMNS, LEVEL_COLUMNS, REQUEST_COLUMNS, AccuracyRow, Level, LevelKey,
+                                   LevelRow, Manifest, RequestRow)
 
 
 class RunDirError(Exception):
@@ -129,7 +131,7 @@ class RunDir:
         return self._raw_manifest
 
     def manifest(self) -> Manifest:
-        """``manifest.json`` as a :class:`Manifest` (version 1 upgraded).
+        """``manifest.json`` as a :class:`Manifest` (versions 1 and 2 upgraded).
 
         Raises:
             RunDirError: no directory, no manifest, not JSON, or a schema version this code cannot read.
@@ -144,13 +146,15 @@ class RunDir:
                               f"it")
         if version == 1:
             data = upgrade_v1(data)
+        if version in (1, 2):
+            data = upgrade_v2(data)
         try:
             return Manifest.model_validate(data)
         except ValidationError as error:
             raise SchemaError(f"{self.file(schema.MANIFEST)}: {first_error(error)}; the file is corrupted") from None
 
     def write_manifest(self, manifest: Manifest | Mapping[str, Any]) -> Manifest:
-        """Validate ``manifest`` and write it (version 2); returns the typed manifest.
+        """Validate ``manifest`` and write it (version 3); returns the typed manifest.
 
         Raises:
             SchemaError: ``manifest`` breaks the schema (a bug in the writer).
@@ -178,6 +182,8 @@ class RunDir:
                               f"--resume") from error
         if self._disk_version() == 1:
             frame = upgrade_v1_frame(frame, self._raw().get("scenario") or {})
+        if self._disk_version() in (1, 2):
+            frame = upgrade_v2_frame(frame, self._raw().get("scenario") or {})
         missing = [column for column in required if column not in frame.columns]
         if missing:
             raise RunDirError(f"{path}: missing columns {missing}; the file is corrupted or from another tool")
@@ -188,6 +194,7 @@ class RunDir:
         if numeric:
             _numeric(frame, path, keys=tuple(c for c in ("round", "concurrency", "completed", "failed")
                                              if c in required))
+            _levels_parse(frame, path)
         return frame
 
     def levels(self, *, required: Iterable[str] = (), numeric: bool = False):
@@ -262,14 +269,14 @@ class RunDir:
 
     def keep_levels(self, done: set[tuple[str, LevelKey]]) -> None:
         """Cut ``levels.csv`` and ``requests.csv`` back to the rows of the ``done`` (arm, level) pairs, rewriting
-        them with the current columns (a resumed version-1 directory becomes version 2)."""
+        them with the current columns (a resumed version-1 or -2 directory becomes version 3)."""
         for name, frame, columns in ((schema.LEVELS, self.levels, LEVEL_COLUMNS),
                                      (schema.REQUESTS, self.requests, REQUEST_COLUMNS)):
             if not self.file(name).exists():
                 continue
             table = frame()
-            keep = [(arm, LevelKey(int(c), int(r))) in done
-                    for arm, c, r in zip(table["arm"], table["concurrency"], table["round"])]
+            keep = [(arm, LevelKey(Level.parse(level), int(r))) in done
+                    for arm, level, r in zip(table["arm"], table["level"], table["round"])]
             atomic_write_text(self.file(name), table[keep][list(columns)].to_csv(index=False))
 
     def _append(self, name: str, rows: list[Mapping[str, Any]], columns: tuple[str, ...]) -> None:
@@ -350,6 +357,20 @@ def _row(model: type[BaseModel], row: BaseModel | Mapping[str, Any]) -> dict[str
         raise ValueError(f"{model.__name__}: {first_error(error)}") from None
 
 
+def _levels_parse(frame, path: Path) -> None:
+    """Check the ``level`` column: every cell a level id (:class:`~harness.rundir.schema.Level`) whose concurrency is
+    the row's ``concurrency``.
+
+    Raises:
+        RunDirError: an empty or malformed cell, or a level that disagrees with its row's concurrency.
+    """
+    for level, concurrency in zip(frame["level"], frame["concurrency"]):
+        parsed = Level.parse(level)
+        if parsed is None or parsed.concurrency != concurrency:
+            raise RunDirError(f"{path}: level {ascii(level)} is not a level id of concurrency {concurrency} "
+                              f"(<dataset>-i<input_len>-o<output_len>-c<concurrency>); the file is corrupted")
+
+
 def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
     """Coerce every column but the text ones to numbers in place; empty cells stay NaN, text fails.
 
@@ -359,7 +380,7 @@ def _numeric(frame, path: Path, keys: tuple[str, ...]) -> None:
     import numpy as np
     import pandas as pd
 
-    text = ("arm", "error", "acceptance_per_pos")
+    text = ("arm", "level", "error", "acceptance_per_pos")
     column = ""
     try:
         for column in [c for c in frame.columns if c not in text]:

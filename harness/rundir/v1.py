@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from harness.metrics import finite_float
-from harness.rundir.schema import LevelKey
+from harness.rundir.v2 import v2_level_key, v2_regime
 
 
 def _v1_session(scenario: Mapping[str, Any], round_: int) -> int:
@@ -28,7 +28,7 @@ def upgrade_v1(data: Mapping[str, Any]) -> dict[str, Any]:
             continue
         levels = {}
         for key, level in (arm.get("levels") or {}).items():
-            parsed = LevelKey.parse(key)
+            parsed = v2_level_key(key, v2_regime(scenario))   # version 1 keys levels as version 2 does
             level = dict(level) if isinstance(level, Mapping) else {"status": str(level)}
             if parsed is not None and level.get("status") == "done":
                 level.setdefault("session", _v1_session(scenario, parsed.round))

@@ -68,16 +68,17 @@ def _figures(run_dir: Path) -> dict[str, Any]:
                "max_steal_fraction": float(policy.get("max_steal_fraction", 0.10))}
     spreads = []
     for row in paired_spread(levels, **options):
-        entry = {"concurrency": row.concurrency, "pairs": row.pairs, "sd": row.sd, "sd_upper": row.upper}
+        entry = {"level": str(row.level), "where": row.level.label(), "concurrency": row.level.concurrency,
+                 "pairs": row.pairs, "sd": row.sd, "sd_upper": row.upper}
         if row.pairs >= 2:
             entry["detectable_loss_pct"] = detectable_loss(row.sd, row.pairs, margin, level)
             entry["detectable_loss_pct_upper"] = detectable_loss(row.upper, row.pairs, margin, level)
         spreads.append(entry)
     if "engine_cpu_ms_per_token" in levels.columns and levels["engine_cpu_ms_per_token"].notna().any():
         # the contention-robust cost beside it: is it less noisy?
-        cpu = {row.concurrency: row for row in paired_spread(levels, "engine_cpu_ms_per_token", **options)}
+        cpu = {str(row.level): row for row in paired_spread(levels, "engine_cpu_ms_per_token", **options)}
         for entry in spreads:
-            row = cpu.get(entry["concurrency"])
+            row = cpu.get(entry["level"])
             entry["engine_cpu_sd"] = row.sd if row is not None and row.pairs >= 2 else None
     pooled = pooled_spread(levels, **options)     # what the FAIL side tests first: the levels' geometric mean
     pooled_entry = {"pairs": pooled.pairs, "sd": pooled.sd, "sd_upper": pooled.upper}
@@ -106,12 +107,12 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
           f" in {slow['wall_s'] or 0:.0f} s — {slow['stopped'] or slow['reason']}")
     print(f"A/A paired session spread of log output throughput, and the smallest loss FAILed at 80 % power "
           f"(one-sided {aa['tested_at']:.4f}, the last A/A run's sessions):")
-    for row in [*aa["spread"], {**aa["pooled_spread"], "concurrency": "all (pooled, tested first)"}]:
+    for row in [*aa["spread"], {**aa["pooled_spread"], "where": "all levels (pooled)"}]:
         loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
                 "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
         cpu = (f"; engine CPU / token sd {row['engine_cpu_sd']:.3f}"
                if isinstance(row.get("engine_cpu_sd"), float) and row["engine_cpu_sd"] == row["engine_cpu_sd"] else "")
-        print(f"  c={row['concurrency']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}{cpu}")
+        print(f"  {row['where']}: sd {row['sd']:.3f} over {row['pairs']} pair(s) → {loss}{cpu}")
 
 
 def cmd_calibrate(args: argparse.Namespace, request: CompareRequest) -> int:

@@ -40,6 +40,7 @@ import pandas as pd
 
 from harness.study import session_simulation as sim
 from harness.judge.policy import GatePolicy, Status
+from harness.rundir.schema import Level
 from harness.study.sequential_simulation import shrink_noise
 from harness.judge.verdict import evaluate
 from harness.rundir.schema import Manifest
@@ -79,6 +80,8 @@ def four_level_pool(pool: sim.SessionPool) -> sim.SessionPool:
         for frame in (second.levels, second.requests):
             frame = frame.copy()
             frame["concurrency"] = frame["concurrency"] * 2
+            frame["level"] = [str(Level.parse(v).regime.at(int(c)))
+                              for v, c in zip(frame["level"], frame["concurrency"])]
             frame["round"] = frame["round"].map(rounds)
             frame["arm"], frame["session"] = first.arm, first.index
             parts.append(frame)

@@ -18,6 +18,7 @@ import numpy as np
 
 from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.metrics import succeeded
+from harness.rundir.schema import Level
 from harness.judge.verdict import CellInput, decide, overall
 
 __all__ = ["RepeatPool", "repeat_pool", "SimulationResult", "simulate_gate"]
@@ -42,17 +43,17 @@ def repeat_pool(levels, requests, arms: Sequence[str] = ("baseline",)) -> Repeat
     """
     ok = succeeded(requests) if len(requests) else requests
     rows = levels[levels["arm"].astype(str).isin(arms)]
-    level_list = tuple(sorted(int(c) for c in rows["concurrency"].unique()))
+    level_list = tuple(sorted(Level.parse(v) for v in rows["level"].unique()))
     sweeps = []
     for repeat in sorted(int(r) for r in rows["round"].unique()):
         order = list(arms) if repeat % 2 == 0 else list(reversed(arms))
         for arm in order:
             sweep = {}
             for level in level_list:
-                row = rows[(rows["arm"] == arm) & (rows["concurrency"] == level) & (rows["round"] == repeat)]
+                row = rows[(rows["arm"] == arm) & (rows["level"] == str(level)) & (rows["round"] == repeat)]
                 if row.empty:
                     break
-                frame = ok[(ok["arm"] == arm) & (ok["concurrency"] == level) & (ok["round"] == repeat)]
+                frame = ok[(ok["arm"] == arm) & (ok["level"] == str(level)) & (ok["round"] == repeat)]
                 sweep[level] = {
                     "level": row.iloc[-1].to_dict(),
                     "request": {c: frame[c].to_numpy(dtype=float)[np.isfinite(frame[c].to_numpy(dtype=float))]
