@@ -1,4 +1,5 @@
-"""The correctness cells' A/A false-FAIL rate (and their verdicts on recorded A/B pairs) on recorded scorings.
+"""The correctness cells' A/A false-FAIL rate (and their verdicts on recorded A/B pairs) on recorded scorings and
+greedy outputs (the decode divergence from the parity outputs' own log p).
 
     python -m harness.study.divergence_simulation [--recording tests/fixtures/recorded/scoring-aa] [--resamples 2000]
 
@@ -52,6 +53,9 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
     for name, values in (("token_divergence", divergence.token_values(ref["scores"]["all"],
                                                                       sessions[candidate]["scores"]["all"],
                                                                       aa_scores)),
+                         ("decode_divergence", divergence.decode_values(ref["parity"]["all"],
+                                                                        sessions[candidate]["parity"]["all"],
+                                                                        aa_parity)),
                          ("parity", divergence.parity_values(ref["parity"]["all"],
                                                              sessions[candidate]["parity"]["all"], aa_parity))):
         ab, envelope = values
@@ -60,7 +64,8 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
     return out
 
 
-COUNTS: dict[str, Callable] = {"token_divergence": divergence.token_counts, "parity": divergence.parity_counts}
+COUNTS: dict[str, Callable] = {"token_divergence": divergence.token_counts,
+                               "decode_divergence": divergence.token_counts, "parity": divergence.parity_counts}
 
 
 def resampled_fail_rate(values: tuple[np.ndarray, np.ndarray], cell: str, alpha: float, resamples: int,

@@ -66,20 +66,26 @@ def prompt_ids(tok, problem: Problem) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy(model: DsaForCausalLM, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """Greedy tokens after ``ids [1,S]`` until ``<|eos|>`` (excluded) or ``max_new_tokens``."""
+def greedy(model: DsaForCausalLM, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens after ``ids [1,S]`` until ``<|eos|>`` (excluded) or ``max_new_tokens``, and each token's
+    decode-time log p (nats, float32 log-softmax of the logits that chose it: the prefill's last row for the first
+    token, then one KV-cached decode step per token — what a server's ``logprobs`` returns for a greedy request)."""
     cache = model.new_cache(1, ids.shape[1] + max_new_tokens, with_mtp=False)
-    token = int(model.forward(ids, None, cache)[0, -1].argmax())
-    out = []
+    logp = model.forward(ids, None, cache)[0, -1].float().log_softmax(-1)        # [V]
+    token = int(logp.argmax())
+    out, scores = [], []
     while token != EOS_ID and len(out) < max_new_tokens:
         out.append(token)
-        token = int(model.forward(torch.tensor([[token]]), None, cache)[0, -1].argmax())
-    return out
+        scores.append(float(logp[token]))
+        logp = model.forward(torch.tensor([[token]]), None, cache)[0, -1].float().log_softmax(-1)
+        token = int(logp.argmax())
+    return out, scores
 
 
 @dataclass
 class EvalResult:
-    """Accuracy per filter (fractions), ``n`` problems, MTP acceptance over ``mtp_n`` of them, and the outputs."""
+    """Accuracy per filter (fractions), ``n`` problems, MTP acceptance over ``mtp_n`` of them, the outputs and their
+    decode-time log p (:func:`greedy`)."""
 
     n: int
     accuracy: dict[str, float]
@@ -87,19 +93,21 @@ class EvalResult:
     mtp_acceptance_length: float | None = None
     mtp_n: int = 0
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    logprobs: list[list[float]] = field(default_factory=list, repr=False)
     correct: list[dict[str, bool]] = field(default_factory=list, repr=False)
 
 
 def evaluate(model: DsaForCausalLM, tok, problems: list[Problem], *, max_new_tokens: int = 96,
              mtp_n: int = 0) -> EvalResult:
     """Greedy answers and scores for ``problems``; MTP acceptance on the first ``mtp_n`` of them."""
-    outputs, correct = [], []
+    outputs, logprobs, correct = [], [], []
     for p in problems:
-        out = greedy(model, prompt_ids(tok, p), max_new_tokens)
+        out, scores = greedy(model, prompt_ids(tok, p), max_new_tokens)
         outputs.append(out)
+        logprobs.append(scores)
         correct.append(score(tok.decode(out), p.answer))
     accuracy = {name: sum(c[name] for c in correct) / len(problems) for name in correct[0]}
-    result = EvalResult(n=len(problems), accuracy=accuracy, outputs=outputs, correct=correct)
+    result = EvalResult(n=len(problems), accuracy=accuracy, outputs=outputs, logprobs=logprobs, correct=correct)
     if mtp_n and model.config.num_nextn_predict_layers:
         rounds = drafted = accepted = 0
         for p, out in list(zip(problems, outputs))[:mtp_n]:
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(model, tok, problems, mtp_n=args.mtp_n)
     for p, out in list(zip(problems, result.outputs))[:args.show]:
         print(f"--- target {p.target}\n{tok.decode(out)}")
-    print(json.dumps({k: v for k, v in asdict(result).items() if k not in ("outputs", "correct")}))
+    print(json.dumps({k: v for k, v in asdict(result).items() if k not in ("outputs", "logprobs", "correct")}))
     return 0
 
 

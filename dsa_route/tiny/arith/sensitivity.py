@@ -6,7 +6,11 @@ path, *parity*: the fraction of problems whose greedy answer is token-for-token 
 *teacher-forced divergence* the served gate's ``token_divergence`` cell measures (:mod:`harness.judge.divergence`):
 per problem the mean over the correct path's greedy tokens of ``|Δ log p|`` (nats / token) when the defective path
 scores exactly those tokens (one prefill of prompt + continuation, as ``prompt_logprobs`` scores them), summarised as
-its median and the number of problems above ``--tolerance`` (default 0.01, the gate's ``TOKEN_TOLERANCE``).
+its median and the number of problems above ``--tolerance`` (default 0.002, the gate's ``TOKEN_TOLERANCE``), and
+the *decode-time divergence* the served ``decode_divergence`` cell measures: per problem the mean ``|Δ log p|`` of
+the chosen token at each position of the two paths' common greedy prefix (before their first differing token), each
+arm's log p as its own KV-cached decode computed it (:func:`dsa_route.tiny.arith.evaluate.greedy`): the decode path,
+which teacher forcing never runs.
 
 Defects: the catalogue :data:`dsa_route.inject.DEFECTS` (each installed on the whole model by
 :func:`dsa_route.dsa.injections.install`, the same hooks the serving path's per-arm ``inject`` setting switches on).
@@ -30,7 +34,7 @@ from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate, prompt_ids
 from .task import Problem, generate
 
 INJECTIONS = tuple(kind for kind, spec in DEFECTS.items() if not spec.min_spec_tokens)  # greedy-visible
-DEFAULT_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = 0.002
 """Nats per token: ``harness.judge.divergence.TOKEN_TOLERANCE``, the per-prompt tie of the served cell (this package
 does not import the harness)."""
 MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
@@ -73,11 +77,31 @@ def divergence(base: list[torch.Tensor], other: list[torch.Tensor], tolerance: f
             "tolerance": tolerance, "per_problem": [round(v, 6) for v in per_problem]}
 
 
+def decode_divergence(base_ids: list[list[int]], base_lp: list[list[float]], ids: list[list[int]],
+                      lp: list[list[float]], tolerance: float) -> dict:
+    """:func:`divergence`'s summary of the per-problem mean ``|Δ log p|`` (nats / token) of two greedy decodes'
+    own log p (:func:`dsa_route.tiny.arith.evaluate.greedy`) over their common prefix (the positions before the first
+    differing token: both decoded the same prefix there), plus ``common_tokens`` (summed over problems) of
+    ``base_tokens``. Problems whose first tokens differ (no common prefix) are left out."""
+    per_problem, common = [], 0
+    for a, la, b, lb in zip(base_ids, base_lp, ids, lp):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        common += n
+        if n:
+            per_problem.append(float(torch.tensor(la[:n]).sub(torch.tensor(lb[:n])).abs().mean()))
+    ordered = sorted(per_problem)
+    return {"scored": len(ordered), "median": ordered[len(ordered) // 2] if ordered else None,
+            "max": ordered[-1] if ordered else None, "above": sum(v > tolerance for v in ordered),
+            "tolerance": tolerance, "common_tokens": common, "base_tokens": sum(map(len, base_ids)),
+            "per_problem": [round(v, 6) for v in per_problem]}
+
+
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
         mtp_n: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> dict:
     """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity,
-    divergence}}`` over ``n`` test problems (MTP acceptance of the correct path on the first ``mtp_n``; divergence:
-    :func:`divergence` of the correct path's greedy tokens scored on both paths)."""
+    divergence, decode_divergence}}`` over ``n`` test problems (MTP acceptance of the correct path on the first
+    ``mtp_n``; divergence: :func:`divergence` of the correct path's greedy tokens scored on both paths;
+    decode_divergence: :func:`decode_divergence` of both paths' greedy decodes)."""
     problems = generate(n, seed)
     base = evaluate(model, tok, problems, mtp_n=mtp_n)
     base_scores = forced_logprobs(model, tok, problems, base.outputs)
@@ -90,6 +114,8 @@ def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[
         same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
         report[kind] = {"accuracy": res.accuracy, "parity": same,
                         "divergence": divergence(base_scores, scores, tolerance),
+                        "decode_divergence": decode_divergence(base.outputs, base.logprobs, res.outputs,
+                                                               res.logprobs, tolerance),
                         "drop_points": {f: round(100 * (base.accuracy[f] - res.accuracy[f]), 1) for f in res.accuracy}}
     return report
 
@@ -109,15 +135,22 @@ def main(argv: list[str] | None = None) -> int:
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
         extra = "" if kind == "correct" else (
-            f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence median "
-            f"{r['divergence']['median']:.4f} nats/token, {r['divergence']['above']}/{r['divergence']['scored']} "
-            f"above {r['divergence']['tolerance']:g}")
+            f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence {_line(r['divergence'])}"
+            f"  decode {_line(r['decode_divergence'])}")
         print(f"{kind:24s} {acc}{extra}")
     print(json.dumps(report))
     met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
     print(f"sparse attention matters (drop ≥ {MIN_DROP_POINTS:g} pts strict-match and parity < "
           f"{100 * MAX_PARITY:g} %): {len(met)}/{len(args.inject or INJECTIONS)} defects")
     return 0
+
+
+def _line(summary: dict) -> str:
+    """``median … max … nats/token, above/scored above tolerance`` of a :func:`divergence` summary."""
+    def fmt(value: float | None) -> str:
+        return "—" if value is None else f"{value:.4f}"
+    return (f"median {fmt(summary['median'])} max {fmt(summary['max'])} nats/token, "
+            f"{summary['above']}/{summary['scored']} above {summary['tolerance']:g}")
 
 
 def sensitive(defect: dict) -> bool:
