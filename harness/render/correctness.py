@@ -17,11 +17,12 @@ PLOTS = {
                          "Both arms score the baseline's greedy continuation of every parity prompt (teacher forcing, "
                          "prompt_logprobs); the further right the A/B curve sits from the A/A, the more the candidate "
                          "moves the model's distribution."),
-    "decode_divergence": ("decode-divergence-cdf", "the greedy token at decode",
-                          "Decode-time divergence, A/B against A/A",
-                          "Each arm's own log p of its greedy token over the common prefix of the two greedy outputs "
-                          "(the parity requests' logprobs: the decode path and its caches, which teacher forcing "
-                          "never runs); the further right the A/B curve, the more the candidate's decode moves it."),
+    "decode_divergence": ("decode-divergence-cdf", "the runner-up token, decode vs prefill",
+                          "Decode against prefill, candidate against the baseline sessions",
+                          "Per position of the common greedy prefix, how far a session's decode (the parity requests' "
+                          "logprobs: the decode path and its caches) puts the runner-up token's log p from where its "
+                          "own teacher-forced prefill puts it; A/B: the candidate, A/A: the baseline sessions. The "
+                          "further right the A/B curve, the more the candidate's decode departs from its prefill."),
 }
 """Per divergence cell: (figure id, what the x axis measures, title, caption)."""
 
@@ -54,9 +55,10 @@ def correctness_section(verdict: Any) -> list[dict[str, Any]] | None:
     return [{**cell, "plot": divergence_plot(str(cell.get("name")), cell.get("cdf") or {})} for cell in cells]
 
 
-def tie_band(verdict: Any) -> str:
-    """The divergence cell's tie band as the report states it: ``"0.002 nats/token"`` from the verdict's policy
-    (``policy_fields.token_tolerance``), or ``"the policy's token_tolerance"`` when the verdict predates the field."""
+def tie_band(verdict: Any, key: str = "token_tolerance", unit: str = "nats/token") -> str:
+    """A divergence cell's tie band as the report states it: ``"0.002 nats/token"`` from the verdict's policy
+    (``policy_fields.<key>``: ``token_tolerance``, or ``decode_tolerance`` in nats/position), or ``"the policy's
+    <key>"`` when the verdict predates the field."""
     fields = verdict.get("policy_fields") if isinstance(verdict, Mapping) else None
-    value = fields.get("token_tolerance") if isinstance(fields, Mapping) else None
-    return f"{value:g} nats/token" if isinstance(value, (int, float)) else "the policy's token_tolerance"
+    value = fields.get(key) if isinstance(fields, Mapping) else None
+    return f"{value:g} {unit}" if isinstance(value, (int, float)) else f"the policy's {key}"

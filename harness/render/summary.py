@@ -128,8 +128,8 @@ def _correctness_lines(cells) -> list[str]:
                        f"nats, arg-max flips {fmt(100 * (cell.ab.get('flip_share') or 0.0), 1)} % · A/A max "
                        f"{fmt(cell.aa.get('max'), 4)}")
         elif cell.name == "decode_divergence":
-            figures = (f"decode-time |Δ log p| over the common greedy prefix ({cell.ab.get('common_tokens', '—')} "
-                       f"of {cell.ab.get('tokens', '—')} tokens) A/B p99 {fmt(cell.ab.get('p99'), 4)}, max "
+            figures = (f"decode vs own prefill, runner-up |Δ log p| over {cell.ab.get('positions', '—')} of "
+                       f"{cell.ab.get('tokens', '—')} positions: A/B p99 {fmt(cell.ab.get('p99'), 4)}, max "
                        f"{fmt(cell.ab.get('max'), 4)} nats · A/A max {fmt(cell.aa.get('max'), 4)}")
         else:
             figures = (f"exact match A/B {fmt(cell.ab.get('exact_match_rate_pct'))} %, A/A "
