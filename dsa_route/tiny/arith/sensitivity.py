@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
         extra = "" if kind == "correct" else (
             f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence {_line(r['divergence'])}"
-            f"  decode {_line(r['decode_divergence'])}  decode vs prefill {_line(r['decode_vs_prefill'])}")
+            f"  decode {_line(r['decode_divergence'])}  decode vs prefill {_line(r['decode_vs_prefill'], 'nats/position')}")
         print(f"{kind:24s} {acc}{extra}")
     print(json.dumps(report))
     met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
@@ -193,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _line(summary: dict) -> str:
-    """``median … max … nats/token, above/scored above tolerance`` of a :func:`divergence` summary."""
+def _line(summary: dict, unit: str = "nats/token") -> str:
+    """``median … max … <unit>, above/scored above tolerance`` of a :func:`divergence` summary."""
     def fmt(value: float | None) -> str:
         return "—" if value is None else f"{value:.4f}"
-    return (f"median {fmt(summary['median'])} max {fmt(summary['max'])} nats/token, "
+    return (f"median {fmt(summary['median'])} max {fmt(summary['max'])} {unit}, "
             f"{summary['above']}/{summary['scored']} above {summary['tolerance']:g}")
 
 
