@@ -240,6 +240,7 @@ def test_the_gate_fails_a_harmful_candidate_and_names_the_first_divergent_prompt
     html = render_report(result.run_dir).read_text()
     assert 'id="correctness-table"' in html and 'id="divergence-cdf"' in html and "token_divergence" in html
     assert 'id="decode-divergence-cdf"' in html and "decode_divergence" in html and ">Cell α<" in html
+    assert "0.05 nats/position" in html and "0.002 nats/token" in html
 
 
 def test_the_gate_keeps_a_harmless_candidate_and_goes_invalid_without_scorings(tmp_path):
