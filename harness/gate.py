@@ -206,7 +206,8 @@ def correctness_cells(store: RunDir, manifest: Manifest | None, policy: GatePoli
     fix = "rerun the run's checks (dsa-bench compare --resume)"
     read = {folder: {label: (store.read_json(f"{folder}/{label}.json", fix) or {}).get("results")
                      for label in divergence.SCORINGS} for folder in ("scoring", "parity")}
-    return divergence.judge(read["scoring"], read["parity"], policy.alpha, policy.token_tolerance)
+    return divergence.judge(read["scoring"], read["parity"], policy.alpha, policy.token_tolerance,
+                            policy.decode_tolerance)
 
 
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:

@@ -104,14 +104,93 @@ def test_parity_cell_counts_prompts_that_diverge_earlier_than_the_aa():
     assert same.status == Status.INVALID   # the baseline itself diverges on 7 prompts
 
 
+def _session(n, gap=(), by=0.1, diverge=(), at=6, length=12, seed=0):
+    """One session's (scoring rows, parity rows) of ``n`` prompts whose greedy output is the reference's (the forced
+    continuation) except token ``at`` of the prompts in ``diverge``: the decode's runner-up log p equals the forced
+    one, except on the prompts in ``gap``, where decode moves it by ``by`` nats (a decode-only defect)."""
+    rng = np.random.default_rng(seed)
+    scores, greedy = [], []
+    for i in range(n):
+        ids = [int(t) for t in rng.integers(1, 50, length)]
+        runner = [float(v) for v in -rng.uniform(2, 8, length)]
+        scores.append({"index": i, "logprobs": [-1e-4] * length,
+                       "top": [[[t, -1e-4], [100 + t, r], [200, -9.0]] for t, r in zip(ids, runner)]})
+        out = list(ids)
+        if i in diverge:
+            out[at] = 99
+        moved = [r - (by if i in gap else 0.0) for r in runner]
+        greedy.append({"index": i, "prompt": f"p{i}", "token_ids": out, "logprobs": [-1e-4] * length,
+                       "top": [[[t, -1e-4], [100 + s, r]] for t, s, r in zip(out, ids, moved)]})
+    return scores, greedy
+
+
+def _labelled(candidate, **aa):
+    """(scorings, greedy) keyed by the run's labels: the reference and its A/A sessions from ``_session()``
+    (``aa`` overrides a label), the candidate given."""
+    sessions = {label: _session(32) for label in ("baseline", "baseline-one", "baseline-2")} | aa
+    sessions["candidate"] = candidate
+    return {k: v[0] for k, v in sessions.items()}, {k: v[1] for k, v in sessions.items()}
+
+
+def test_decode_cell_fails_a_decode_only_gap_and_compares_the_common_prefix_only():
+    """A decode-only defect (``stale-index-key``: same greedy tokens, same prefill, another decode) pulling the
+    runner-up by 0.1 nats on 10 of 32 prompts FAILs; an A/A session with the recorded batch-composition gap
+    (0.025 per prompt) and a candidate of that size pass; positions after the first differing token do not count
+    (a different continuation has other log p by right, the parity cell's business)."""
+    scorings, greedy = _labelled(_session(32, gap=range(10)), **{"baseline-one": _session(32, gap=range(32), by=0.025)})
+    cell = divergence.decode_cell(scorings, greedy, 0.05)
+    assert cell.status == Status.FAIL and (cell.exceed, cell.below, cell.ties) == (10, 0, 22) and cell.first == (0, 0)
+    assert cell.ab["positions"] == cell.ab["tokens"] == 32 * 12 and cell.aa["max"] == pytest.approx(0.025)
+    assert cell.aa["comparisons"] == 3
+    harmless = divergence.decode_cell(*_labelled(_session(32, gap=range(32), by=0.025)), 0.05)
+    assert harmless.status == Status.PASS and harmless.exceed == 0
+    assert divergence.decode_cell(*_labelled(_session(32, gap=range(5))), 0.05).status == Status.PASS
+    after = divergence.decode_cell(*_labelled(_session(32, gap=range(32), diverge=range(32))), 0.05)
+    assert after.status == Status.FAIL and after.ab["positions"] == 32 * 6
+    late = _session(32, diverge=range(32), at=0)
+    first = divergence.decode_cell(*_labelled(late), 0.05)
+    assert first.status == Status.PASS and first.ties == 32       # no common prefix: a tie, not a crash
+    unstable = divergence.decode_cell(*_labelled(_session(32, gap=range(10)), **{"baseline-2": _session(32, gap=range(8))}),
+                                      0.05)
+    assert unstable.status == Status.INVALID
+
+
+def test_decode_cell_is_left_out_for_parity_rows_without_top_logprobs():
+    """Rows of a run directory whose parity requests carried no ``logprobs`` (other tooling): the decode cell is
+    absent, the others judged as before; missing files make it INVALID like the others."""
+    scorings, greedy = _labelled(_session(32))
+    assert [c.name for c in divergence.judge(scorings, greedy, 0.05)] == list(divergence.CELLS)
+    bare = {label: [{k: v for k, v in row.items() if k != "top"} for row in rows] for label, rows in greedy.items()}
+    cells = divergence.judge(scorings, bare, 0.05)
+    assert [c.name for c in cells] == ["token_divergence", "parity"] and cells[1].status == Status.PASS
+    absent = divergence.judge({}, greedy, 0.05)
+    assert [c.status for c in absent[:2]] == [Status.INVALID] * 2 and "scoring/baseline.json" in absent[1].reasons[0]
+
+
+def test_recorded_decode_is_not_bit_exact_aa_but_inside_the_band():
+    """The recorded sessions' decode against their own prefill (tests/fixtures/recorded/scoring-aa): the runner-up
+    gap is not 0 (bf16 logits round otherwise at decode, and in a batch of one), at most 0.0252 per prompt for the
+    baseline and 0.0206 for the compile-off candidate: both below half the band; the forced A/A is bit-exact."""
+    for session, limit in (("baseline-1", 0.0253), ("baseline-3", 0.0253), ("candidate-1", 0.0207)):
+        for batch in ("all", "one"):
+            ref = RECORDED["baseline-1"]["parity"]["all"]
+            gaps = divergence.runner_up_gaps(RECORDED[session]["parity"][batch], RECORDED[session]["scores"][batch], ref)
+            per_prompt = [np.nanmean(v) for v in gaps.values() if v]
+            assert max(per_prompt) < limit <= divergence.DECODE_TOLERANCE / 2 + 0.001, (session, batch)
+    assert max(np.nanmean(v) for v in divergence.runner_up_gaps(
+        RECORDED["baseline-1"]["parity"]["one"], RECORDED["baseline-1"]["scores"]["one"],
+        RECORDED["baseline-1"]["parity"]["all"]).values()) > 0.0
+
+
 def test_recorded_aa_false_fail_rate_is_within_alpha_and_the_recorded_pairs_are_judged_right():
     result = divergence_simulation.simulate(resamples=50)
     for cell, rate in result["aa"].items():
         assert rate["judged"] >= 400
         assert rate["false_fail_rate"] <= result["cell_alpha"], cell
         assert rate["invalid_rate"] == 0.0, cell
-    assert result["ab"]["candidate-1"] == {"token_divergence": "PASS", "parity": "PASS"}   # harmless: compile off
-    assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "parity": "FAIL"}
+    assert result["ab"]["candidate-1"] == dict.fromkeys(divergence.CELLS, "PASS")   # harmless: compile off
+    # the rope defect acts in prefill and decode alike: decode agrees with prefill, the other two cells FAIL it
+    assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "decode_divergence": "PASS", "parity": "FAIL"}
 
 
 # ------------------------------------------------------------------------------------------- in the gate and runner
@@ -156,15 +235,17 @@ def test_the_gate_fails_a_harmful_candidate_and_names_the_first_divergent_prompt
     result = gate.run_gate(_gated_run(tmp_path, "candidate-rope"), PERF)
     assert result.status == Status.FAIL and "first divergence: prompt" in result.reason
     document = json.loads((result.run_dir / gate.VERDICT).read_text())
-    assert [c["result"] for c in document["correctness"]] == ["FAIL", "FAIL"]
+    assert [c["result"] for c in document["correctness"]] == ["FAIL", "PASS", "FAIL"]   # rope: decode = prefill
     assert "first divergent prompt" in (result.run_dir / gate.SUMMARY).read_text()
     html = render_report(result.run_dir).read_text()
     assert 'id="correctness-table"' in html and 'id="divergence-cdf"' in html and "token_divergence" in html
+    assert 'id="decode-divergence-cdf"' in html and "decode_divergence" in html and ">Cell α<" in html
+    assert "0.05 nats/position" in html and "0.002 nats/token" in html
 
 
 def test_the_gate_keeps_a_harmless_candidate_and_goes_invalid_without_scorings(tmp_path):
     harmless = gate.run_gate(_gated_run(tmp_path / "a", "candidate-1"), PERF)
-    assert harmless.status == Status.PASS and [c.status for c in harmless.correctness] == [Status.PASS] * 2
+    assert harmless.status == Status.PASS and [c.status for c in harmless.correctness] == [Status.PASS] * 3
     missing = gate.run_gate(_gated_run(tmp_path / "b", None), PERF)
     assert missing.status == Status.INVALID and "scoring/baseline.json" in missing.reason
     dummy = gate.run_gate(_gated_run(tmp_path / "c", None, model={"load_format": "dummy"}), PERF)
@@ -194,3 +275,18 @@ def test_collect_scoring_waits_for_the_baseline_and_stores_each_sessions_labels(
     arm_checks.collect_scoring(tmp_path, "baseline", 2, _Server(), spec, console)            # done: nothing again
     assert sorted(p.stem for p in (tmp_path / "scoring").glob("*.json")) == sorted(divergence.SCORINGS)
     assert seen == [("score", None), ("parity", 1), ("score", 1), ("score", None), ("parity", None), ("score", None)]
+
+
+def test_the_gate_fails_a_decode_only_defect_that_teacher_forcing_cannot_see(tmp_path):
+    """``stale-index-key``'s signature: the candidate's scorings and greedy tokens are the baseline's, only its
+    decode's runner-up log p move (here by 0.077 nats, the reference model's median: results/defects/). Only
+    ``decode_divergence`` FAILs, and the summary shows it."""
+    run_dir = _gated_run(tmp_path, "baseline-1")
+    rows = RECORDED["baseline-1"]["parity"]["all"]
+    stale = [{**row, "top": [[top[0], [top[1][0], top[1][1] - 0.077]] for top in row["top"]]} for row in rows]
+    (run_dir / "parity" / "candidate.json").write_text(json.dumps({"results": stale}))
+    result = gate.run_gate(run_dir, PERF)
+    assert result.status == Status.FAIL and "decode_divergence: FAIL" in result.reason
+    assert {c.name: c.status for c in result.correctness} == {
+        "token_divergence": Status.PASS, "decode_divergence": Status.FAIL, "parity": Status.PASS}
+    assert "**decode_divergence** (vs the A/A envelope): decode vs own prefill, runner-up" in (result.run_dir / gate.SUMMARY).read_text()

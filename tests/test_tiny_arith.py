@@ -165,3 +165,28 @@ def test_sensitivity_criteria_are_the_issues(drop, parity, expected):
 def test_cli_bad_checkpoint_exits_2(tmp_path):
     assert evaluate.main(["--checkpoint", str(tmp_path)]) == 2
     assert sensitivity.main(["--checkpoint", str(tmp_path)]) == 2
+
+
+def test_greedy_keeps_the_decode_top_2_and_the_decode_agrees_with_its_prefill(tok):
+    """The reference model's greedy decode records, per token, (greedy id, log p) then the runner-up; on the correct
+    path (float32) decode and a teacher-forced prefill of the same output give the runner-up the same log p, so the
+    decode-vs-prefill gap is rounding only."""
+    model = DsaForCausalLM(arith_config(vocab_size_of(tok))).init_random(0)
+    problems = task.generate(2, 2)
+    result = evaluate.evaluate(model, tok, problems, max_new_tokens=6)
+    for out, tops in zip(result.outputs, result.decode_top):
+        assert [t[0][0] for t in tops] == out and all(t[0][1] >= t[1][1] and t[0][0] != t[1][0] for t in tops)
+    rows = sensitivity.forced_logsoftmax(model, tok, problems, result.outputs)
+    gaps = sensitivity.decode_gaps(result.decode_top, rows)
+    assert all(g is None or g < 1e-4 for g in gaps)
+
+
+def test_decode_gap_reads_the_runner_up_and_counts_beyond_the_correct_path():
+    rows = [torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0]]).log_softmax(-1)]
+    top = [[[(0, float(rows[0][0, 0])), (1, float(rows[0][0, 1]) - 0.3)],
+            [(1, float(rows[0][1, 1])), (2, float(rows[0][1, 2]) + 0.1)]]]
+    assert sensitivity.decode_gaps(top, rows) == [pytest.approx(0.2)]
+    assert sensitivity.decode_gaps([[]], [torch.zeros(0, 3)]) == [None]
+    summary = sensitivity.decode_gap_summary([0.2, 0.06, None], [0.1, 0.0, 0.0], 0.05)
+    assert (summary["scored"], summary["above"], summary["max"]) == (2, 2, 0.2)
+    assert sensitivity.decode_gap_summary([0.12], [0.1], 0.05)["above"] == 0

@@ -1,8 +1,8 @@
-"""The correctness family of gated cells: token-level divergence and output parity, each judged against the A/A
-envelope the same run measured. Pure: functions of scorings and parity rows (:mod:`harness.run.scoring`,
-:mod:`harness.run.parity` rows), no files.
+"""The correctness family of gated cells — teacher-forced token divergence, decode-time divergence and output parity
+— each judged against the A/A envelope the same run measured. Pure: functions of scorings and parity rows
+(:mod:`harness.run.scoring`, :mod:`harness.run.parity` rows), no files.
 
-**Unit of replication: the prompt** (the parity prompts, 32 on the CPU default). Both cells compare the A/B
+**Unit of replication: the prompt** (the parity prompts, 32 on the CPU default). The three cells compare the A/B
 comparison (the reference — the baseline's first session, all prompts at once — against the candidate) with the
 A/A envelope: the reference against the baseline's second session and against the baseline's first session with
 the prompts sent one at a time (another batch composition: batch variance, vLLM #57815).
@@ -10,26 +10,41 @@ the prompts sent one at a time (another batch composition: batch variance, vLLM 
 - ``token_divergence``: per prompt the mean over its continuation's positions of ``|Δ log p|`` of the forced token
   (nats / token). Prompt ``i`` *exceeds* when its A/B value is above the envelope (the larger A/A value) by more than
   :data:`TOKEN_TOLERANCE`, is *below* when the envelope is above the A/B by as much; other prompts are ties.
+- ``decode_divergence``: does the arm's decode agree with its own prefill? Per prompt the mean over the common
+  prefix of the session's and the reference's greedy outputs of ``|log p_decode − log p_forced|`` of the
+  decode's runner-up token (nats / position, :func:`runner_up_gaps`): ``log p_decode`` from the parity request's
+  ``logprobs`` (vLLM 0.32 ``entrypoints/openai/completion/protocol.py``: ``CompletionRequest.logprobs`` :62,
+  ``CompletionLogProbs.top_logprobs`` :651; the log-softmax of the raw logits by default, ``config/model.py:287``
+  ``logprobs_mode = "raw_logprobs"``), ``log p_forced`` from the same session's teacher-forced scoring of the same
+  token after the same prefix. The A/B value is the candidate's gap, the envelope the largest of the baseline
+  sessions' own gaps (:data:`DECODE_LABELS`); tie band :data:`DECODE_TOLERANCE`. It sees what the two others
+  cannot: a defect of the decode path alone (KV cache, the indexer's k-cache as decode writes it) leaves the
+  prefill scoring and most greedy tokens alone but pulls decode away from prefill, while a numerical change of the
+  whole path (compiled vs eager) moves both alike and cancels. The between-arm decode ``|Δ log p|`` was measured
+  too and does not separate the decode-only defect from that change (``results/defects/README.md``,
+  "Decode-time divergence").
 - ``parity``: per prompt the first position where the greedy outputs differ (∞ when identical). Prompt ``i``
   exceeds when the A/B diverges earlier than every A/A comparison, is below when an A/A comparison diverges earlier.
 
-**Rule** (both cells): the exact one-sided sign test on the non-tied prompts (Dixon & Mood 1946): FAIL when
-``P(Binomial(exceed + below, 1/2) ≥ exceed) ≤ α / 2`` — Bonferroni over the family's two cells at the gate's α. A
-candidate that is an A/A replicate of the baseline makes its A/B value exchangeable with each A/A value, so a prompt
-exceeds the larger of two A/A values with probability ≤ 1/3 ≤ 1/2 given it is not tied: the test's false-FAIL rate
-is ≤ α/2 per cell if prompts are independent. Prompts share a server session, so independence is an assumption;
-the rate is shown on recorded A/A sessions instead (``tests/fixtures/recorded/scoring-aa``,
+**Rule** (every cell): the exact one-sided sign test on the non-tied prompts (Dixon & Mood 1946): FAIL when
+``P(Binomial(exceed + below, 1/2) ≥ exceed) ≤ α / 3`` — Bonferroni over the family's three cells (:data:`CELLS`) at
+the gate's α; on 32 prompts a cell FAILs from 6 prompts beyond the envelope with none below (2⁻⁶ ≤ α/3 = 0.0167 at
+α = 0.05). A candidate that is an A/A replicate of the baseline makes its A/B value exchangeable with each A/A value,
+so a prompt exceeds the larger of two A/A values with probability ≤ 1/3 ≤ 1/2 given it is not tied: the test's
+false-FAIL rate is ≤ α/3 per cell if prompts are independent. Prompts share a server session, so independence is
+an assumption; the rate is shown on recorded A/A sessions instead (``tests/fixtures/recorded/scoring-aa``,
 ``tests/test_divergence.py``). **INVALID** when the envelope itself is unstable: the A/A values exceed the tolerance
-(divergence) or diverge (parity) on so many prompts that the same test would FAIL the baseline against itself.
+(divergences) or diverge (parity) on so many prompts that the same test would FAIL the baseline against itself.
 
-:data:`TOKEN_TOLERANCE` is the floor below which a per-prompt difference is a tie. It is needed because this
-machine's A/A is bit-exact (recorded: 0.0 nats at all 1525 positions across three sessions and both batch
-compositions), so without a floor any numerical change — a compiled vs an eager path — would FAIL.
+:data:`TOKEN_TOLERANCE` and :data:`DECODE_TOLERANCE` are the floors below which a per-prompt difference is a tie.
+The forced scorings' A/A is bit-exact on this machine (recorded: 0.0 nats at all 1525 positions across three
+sessions and both batch compositions), so without a floor any numerical change — a compiled vs an eager path —
+would FAIL. Decode is not bit-exact A/A: a batch of one rounds the bf16 logits otherwise than a batch of 32 (up to
+0.0006 nats at a greedy token, 0.025 per prompt at the runner-up), hence the decode cell's own floor.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -40,7 +55,19 @@ from harness.judge import token_compare
 from harness.rundir.schema import Status
 
 FAMILY = "correctness"
-CELLS = ("token_divergence", "parity")
+CELLS = ("token_divergence", "decode_divergence", "parity")
+DECODE_TOLERANCE = 0.05
+"""Nats per position, the per-prompt mean runner-up decode-vs-prefill gap beyond the envelope that counts
+(``decode_divergence``; the default of the policy's ``decode_tolerance``). Derived from the recordings: on the
+served default (``tests/fixtures/recorded/scoring-aa``, each session's parity against its own scoring, both batch
+compositions) the three baseline sessions' and the two compile-off candidate sessions' per-prompt gap is at most
+0.0252 (median 0–0.0022; bf16 logits, whose step at a logit of 8–16 is 0.0625, round differently in a batch of one
+and a batch of 32): the band is twice that. On the reference model (``results/defects/decode-divergence-n64.json``)
+``stale-index-key``'s per-prompt gap is 0.034–0.187 (median 0.077), 27 of the first 32 prompts beyond the band
+over the correct path's; the correct path, the harmless changes, ``topk-lost-key`` and ``indexer-fp8-scale-floor``
+stay ≤ 0.023 (the latter two act in prefill and decode alike). Served (``results/defects/README.md``, "Decode against
+prefill"), ``stale-index-key``'s candidate gap is median 0.042, max 0.079 per prompt against the baseline sessions'
+≤ 0.017: 9 of 32 prompts beyond the band, FAIL (6 needed)."""
 TOKEN_TOLERANCE = 0.002
 """Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie (the default of the policy's
 ``token_tolerance``). Derived from the recordings, not assumed:
@@ -64,7 +91,7 @@ class CorrectnessCell:
     """One cell of the correctness family.
 
     ``exceed``/``below``/``ties``: prompt counts (module docstring); ``p_fail``: the sign test's one-sided p-value;
-    ``alpha``: the level it is tested at (α / 2). ``ab``/``aa``: run summaries of the A/B and envelope
+    ``alpha``: the level it is tested at (α / 3). ``ab``/``aa``: run summaries of the A/B and envelope
     (:func:`harness.judge.token_compare.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
     (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` quantiles (0–100 %) of A/B and A/A (the report's CDF).
     """
@@ -89,7 +116,8 @@ class CorrectnessCell:
         where = (f"; first divergence: prompt {self.first[0]} at token {self.first[1]}"
                  if self.first is not None else "")
         return (f"{self.name}: {self.status} — {self.exceed} prompt(s) beyond the A/A envelope, {self.below} within "
-                f"it by more, {self.ties} tied; sign test p = {self.p_fail:.3g} vs α/2 = {self.alpha:g}{where}")
+                f"it by more, {self.ties} tied; sign test p = {self.p_fail:.3g} vs α/{len(CELLS)} = {self.alpha:g}"
+                f"{where}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "family": FAMILY, "result": str(self.status), "reasons": list(self.reasons),
@@ -106,7 +134,8 @@ def sign_test(exceed: int, below: int) -> float:
 
 
 def status_of(exceed: int, below: int, aa_unstable: int, alpha: float) -> Status:
-    """FAIL / PASS by the sign test at ``alpha`` / 2; INVALID when ``aa_unstable`` prompts alone would FAIL."""
+    """FAIL / PASS by the sign test at ``alpha`` / len(:data:`CELLS`); INVALID when ``aa_unstable`` prompts alone
+    would FAIL."""
     level = alpha / len(CELLS)
     if sign_test(aa_unstable, 0) <= level:
         return Status.INVALID
@@ -183,6 +212,101 @@ def _max_kl(comparison: Mapping[str, Any]) -> float | None:
     return max(values) if values else None
 
 
+def runner_up_gaps(decoded: Sequence[Mapping], forced: Sequence[Mapping], reference: Sequence[Mapping]
+                   ) -> dict[int, list[float]]:
+    """One server session's decode against its own prefill, per prompt and position (nats): ``|log p_decode(r) −
+    log p_forced(r)|`` of the **runner-up** ``r`` — the decode's highest-ranked top-logprob entry other than its
+    greedy token — at each position of the common prefix of the session's greedy output (``decoded``, parity rows)
+    and the reference's (``reference``), where the session's teacher-forced scoring (``forced``, scoring rows of the
+    reference's continuation) scored the same token after the same prefix. A position whose runner-up is missing
+    from either top list is NaN (left out of every mean).
+
+    The runner-up, not the greedy token: the model is confident (the default's greedy tokens have median log p
+    −3·10⁻⁶), so the greedy token's log p sits at 0 whatever the logits do, while the runner-up's moves with the
+    logit gap itself.
+
+    Raises:
+        ValueError: the rows cover different prompts.
+    """
+    by_forced = {int(row["index"]): row for row in forced}
+    by_reference = {int(row["index"]): row for row in reference}
+    if sorted(by_forced) != sorted(int(row["index"]) for row in decoded) or sorted(by_reference) != sorted(by_forced):
+        raise ValueError("the parity and scoring rows cover different prompts")
+    gaps = {}
+    for row in decoded:
+        index = int(row["index"])
+        first = token_compare.first_divergence(row["token_ids"], by_reference[index]["token_ids"])
+        common = len(row["token_ids"]) if math.isinf(first) else int(first)
+        values = []
+        for token, top, top_forced in zip(row["token_ids"][:common], row["top"], by_forced[index]["top"]):
+            runner_up = next(((int(t), float(lp)) for t, lp in top if int(t) != int(token)), None)
+            scored = {int(t): float(lp) for t, lp in top_forced}
+            found = runner_up is not None and runner_up[0] in scored
+            values.append(abs(runner_up[1] - scored[runner_up[0]]) if found else math.nan)
+        gaps[index] = values
+    return gaps
+
+
+def has_decode_logprobs(rows: Sequence[Mapping]) -> bool:
+    """Whether parity rows carry the top log-probs of each greedy position (``top``, one list per token: every
+    :func:`harness.run.parity.collect` row does; rows written by other tooling may not)."""
+    return all(len(row.get("top") or ()) == len(row["token_ids"]) for row in rows)
+
+
+DECODE_LABELS = ("baseline", "baseline-one", "baseline-2")
+"""The sessions whose decode-vs-prefill gaps form the ``decode_divergence`` envelope: the reference itself, its
+one-at-a-time batch and the baseline's second session (every label with both a scoring and a parity file)."""
+
+
+def decode_values(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None]
+                  ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per prompt the candidate's mean runner-up gap (:func:`runner_up_gaps`, nats / position) and the A/A envelope,
+    the largest of the baseline sessions' (:data:`DECODE_LABELS` present in both mappings). A prompt without a
+    compared position is NaN, a tie (:func:`token_counts` compares NaN false); so is an envelope with no finite
+    value.
+
+    Raises:
+        ValueError: the rows cover different prompts.
+    """
+    reference = greedy["baseline"]
+
+    def means(label: str) -> dict[int, float]:
+        gaps = runner_up_gaps(greedy[label], scorings[label], reference)
+        return {i: float(np.nanmean(v)) if any(map(math.isfinite, v)) else math.nan for i, v in gaps.items()}
+    ab = means("candidate")
+    aa = [means(label) for label in DECODE_LABELS if scorings.get(label) is not None and greedy.get(label) is not None]
+    return ab, {i: max((v[i] for v in aa if math.isfinite(v[i])), default=math.nan) for i in ab}
+
+
+def decode_cell(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
+                alpha: float, tolerance: float = DECODE_TOLERANCE) -> CorrectnessCell:
+    """The ``decode_divergence`` cell from the sessions' scorings and greedy outputs, keyed by :data:`SCORINGS`
+    labels (the candidate, the reference and ≥ 1 A/A label with both files); ``tolerance``: the tie band (nats /
+    position, :data:`DECODE_TOLERANCE`). ``ab`` / ``aa``: the per-position gap summary
+    (:func:`harness.judge.token_compare.summary`), the A/B's with ``positions`` compared of the reference's
+    ``tokens``; ``first``: the first exceeding prompt's first position with a gap beyond the band.
+
+    Raises:
+        ValueError: the rows cover different prompts.
+    """
+    ab, envelope = decode_values(scorings, greedy)
+    keys = sorted(ab)
+    exceed, below, unstable = token_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
+    cell = _verdict("decode_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
+    reference = greedy["baseline"]
+    ab_gaps = runner_up_gaps(greedy["candidate"], scorings["candidate"], reference)
+    aa_gaps = [runner_up_gaps(greedy[label], scorings[label], reference) for label in DECODE_LABELS
+               if scorings.get(label) is not None and greedy.get(label) is not None]
+    cell.first = next(((i, pos) for i in keys if ab[i] > envelope[i] + tolerance
+                       for pos, d in enumerate(ab_gaps[i]) if d > tolerance), None)
+    ab_tokens = [v for i in keys for v in ab_gaps[i] if math.isfinite(v)]
+    aa_tokens = [v for gaps in aa_gaps for i in keys for v in gaps[i] if math.isfinite(v)]
+    cell.ab = {**token_compare.summary(ab_tokens, []), "tokens": sum(len(row["token_ids"]) for row in reference)}
+    cell.aa = {**token_compare.summary(aa_tokens, []), "comparisons": len(aa_gaps)}
+    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": _quantiles(ab_tokens), "aa": _quantiles(aa_tokens)}
+    return cell
+
+
 def _first_positions(reference: Sequence[Mapping], other: Sequence[Mapping]) -> dict[int, float]:
     """Per prompt the first greedy divergence position of ``other`` against ``reference`` (∞ when identical)."""
     by_index = {int(row["index"]): row for row in other}
@@ -239,33 +363,45 @@ AA_LABELS = ("baseline-one", "baseline-2")
 
 
 def judge(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
-          alpha: float, tolerance: float = TOKEN_TOLERANCE) -> list[CorrectnessCell]:
-    """Both cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and ``greedy``
-    keyed by :data:`SCORINGS` labels; ``tolerance``: the divergence cell's tie band (nats / token). An A/A label
-    may be missing (a run of one session has no ``baseline-2``: the
-    envelope is then the batch composition alone, and a note says so); a missing reference or candidate, or no A/A
-    at all, makes the cell INVALID with the file to fix."""
+          alpha: float, tolerance: float = TOKEN_TOLERANCE, decode_tolerance: float = DECODE_TOLERANCE
+          ) -> list[CorrectnessCell]:
+    """The family's cells from what the run directory holds (``None`` for a file that is absent): ``scorings`` and
+    ``greedy`` keyed by :data:`SCORINGS` labels; ``tolerance`` / ``decode_tolerance``: the tie bands of
+    ``token_divergence`` (nats / token) and ``decode_divergence`` (nats / position). An A/A label may be missing (a
+    run of one session has no ``baseline-2``: the envelope is then the batch composition alone, and a note says so);
+    a missing reference or candidate, or no A/A at all, makes the cell INVALID with the files to fix.
+    ``decode_divergence`` needs both folders and is left out (not measured) when a present parity file's rows lack
+    the top log-probs (:func:`has_decode_logprobs`)."""
     cells = []
-    builders = (("token_divergence", scorings, functools.partial(divergence_cell, tolerance=tolerance)),
-                ("parity", greedy, parity_cell))
-    for name, data, build in builders:
-        folder = "scoring" if name == "token_divergence" else "parity"
-        missing = [f"{folder}/{label}.json" for label in ("baseline", "candidate") if data.get(label) is None]
-        aa = [data[label] for label in AA_LABELS if data.get(label) is not None]
+    builders = (("token_divergence", ("scoring",)), ("decode_divergence", ("scoring", "parity")),
+                ("parity", ("parity",)))
+    data = {"scoring": scorings, "parity": greedy}
+    for name, folders in builders:
+        if name == "decode_divergence" and not all(has_decode_logprobs(rows) for rows in greedy.values() if rows):
+            continue
+        present = {label: all(data[f].get(label) is not None for f in folders) for label in SCORINGS}
+        missing = [f"{f}/{label}.json" for label in ("baseline", "candidate") for f in folders
+                   if data[f].get(label) is None]
+        aa = [label for label in AA_LABELS if present[label]]
         if not aa:
-            missing.append(f"{folder}/{{{','.join(AA_LABELS)}}}.json (the A/A envelope)")
+            missing.append(f"{'+'.join(folders)}/{{{','.join(AA_LABELS)}}}.json (the A/A envelope)")
         if missing:
             cells.append(CorrectnessCell(name, Status.INVALID, [
                 f"{', '.join(missing)} absent: the server died or the run predates the correctness cells; rerun "
                 "(dsa-bench compare --resume) or set [parity] gated = false"]))
             continue
         try:
-            cell = build(data["baseline"], data["candidate"], aa, alpha)
+            if name == "decode_divergence":
+                cell = decode_cell(scorings, greedy, alpha, decode_tolerance)
+            else:
+                build = divergence_cell if name == "token_divergence" else parity_cell
+                rows = data[folders[0]]
+                cell = build(rows["baseline"], rows["candidate"], [rows[label] for label in aa], alpha,
+                             *((tolerance,) if name == "token_divergence" else ()))
         except ValueError as error:
-            cell = CorrectnessCell(name, Status.INVALID, [f"{folder}: {error}; rerun the run's checks"])
+            cell = CorrectnessCell(name, Status.INVALID, [f"{'+'.join(folders)}: {error}; rerun the run's checks"])
         if len(aa) < len(AA_LABELS):
-            cell.reasons.append("A/A envelope from " + ", ".join(l for l in AA_LABELS if data.get(l) is not None)
-                                + " only")
+            cell.reasons.append("A/A envelope from " + ", ".join(aa) + " only")
         cells.append(cell)
     return cells
 

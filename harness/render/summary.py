@@ -133,15 +133,21 @@ def _correctness_lines(cells) -> list[str]:
         if cell.result == "INVALID":
             lines.append(f"**{cell.name}** (vs the A/A envelope): {status_text(cell.result)} — {'; '.join(cell.reasons)}")
             continue
-        figures = (f"per-token |Δ log p| A/B p99 {fmt(cell.ab.get('p99'), 4)}, max {fmt(cell.ab.get('max'), 4)} nats, "
-                   f"arg-max flips {fmt(100 * (cell.ab.get('flip_share') or 0.0), 1)} % · A/A max "
-                   f"{fmt(cell.aa.get('max'), 4)}" if cell.name == "token_divergence" else
-                   f"exact match A/B {fmt(cell.ab.get('exact_match_rate_pct'))} %, A/A "
-                   f"{fmt(cell.aa.get('exact_match_rate_pct'))} %")
+        if cell.name == "token_divergence":
+            figures = (f"per-token |Δ log p| A/B p99 {fmt(cell.ab.get('p99'), 4)}, max {fmt(cell.ab.get('max'), 4)} "
+                       f"nats, arg-max flips {fmt(100 * (cell.ab.get('flip_share') or 0.0), 1)} % · A/A max "
+                       f"{fmt(cell.aa.get('max'), 4)}")
+        elif cell.name == "decode_divergence":
+            figures = (f"decode vs own prefill, runner-up |Δ log p| over {cell.ab.get('positions', '—')} of "
+                       f"{cell.ab.get('tokens', '—')} positions: A/B p99 {fmt(cell.ab.get('p99'), 4)}, max "
+                       f"{fmt(cell.ab.get('max'), 4)} nats · A/A max {fmt(cell.aa.get('max'), 4)}")
+        else:
+            figures = (f"exact match A/B {fmt(cell.ab.get('exact_match_rate_pct'))} %, A/A "
+                       f"{fmt(cell.aa.get('exact_match_rate_pct'))} %")
         first = (f"; first divergent prompt {cell.first[0]} at token {cell.first[1]}"
                  if cell.first is not None and cell.result == "FAIL" else "")
         lines.append(f"**{cell.name}** (vs the A/A envelope): {figures}; {cell.exceed} prompt(s) beyond it, "
-                     f"{cell.below} within it by more, sign test p = {cell.p_fail:.3g} (α/2 = {cell.alpha:g})"
+                     f"{cell.below} within it by more, sign test p = {cell.p_fail:.3g} (cell α = {cell.alpha:g})"
                      f"{first} · {status_text(cell.result)}")
     return lines + [""] if lines else []
 

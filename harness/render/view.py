@@ -241,6 +241,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "startup": startup_section(manifest),
         "correctness": correctness_section(given.get("verdict")),
         "token_tie_band": tie_band(given.get("verdict")),
+        "decode_tie_band": tie_band(given.get("verdict"), "decode_tolerance", "nats/position"),
         "designs": designs,
         "files": store.listing(),
         "metrics": METRICS,

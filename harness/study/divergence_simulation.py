@@ -1,4 +1,5 @@
-"""The correctness cells' A/A false-FAIL rate (and their verdicts on recorded A/B pairs) on recorded scorings.
+"""The correctness cells' A/A false-FAIL rate (and their verdicts on recorded A/B pairs) on recorded scorings and
+greedy outputs.
 
     python -m harness.study.divergence_simulation [--recording tests/fixtures/recorded/scoring-aa] [--resamples 2000]
 
@@ -42,6 +43,16 @@ def aa_triples(sessions: dict[str, dict[str, Any]]) -> list[tuple[str, str, str 
     return triples
 
 
+def _labelled(sessions: dict[str, dict[str, Any]], reference: str, candidate: str, second: str | None
+              ) -> tuple[dict[str, list], dict[str, list]]:
+    """(scorings, greedy outputs) keyed by the run's labels (:data:`harness.judge.divergence.SCORINGS`), as the
+    runner would have written them for this A/A run."""
+    sources = {"baseline": (reference, "all"), "baseline-one": (reference, "one"), "candidate": (candidate, "all"),
+               **({"baseline-2": (second, "all")} if second else {})}
+    return ({label: sessions[s]["scores"][batch] for label, (s, batch) in sources.items()},
+            {label: sessions[s]["parity"][batch] for label, (s, batch) in sources.items()})
+
+
 def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: str, second: str | None
                 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per cell the per-prompt (A/B, envelope) arrays, prompts in index order."""
@@ -52,6 +63,8 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
     for name, values in (("token_divergence", divergence.token_values(ref["scores"]["all"],
                                                                       sessions[candidate]["scores"]["all"],
                                                                       aa_scores)),
+                         ("decode_divergence", divergence.decode_values(*_labelled(sessions, reference, candidate,
+                                                                                   second))),
                          ("parity", divergence.parity_values(ref["parity"]["all"],
                                                              sessions[candidate]["parity"]["all"], aa_parity))):
         ab, envelope = values
@@ -60,7 +73,10 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
     return out
 
 
-COUNTS: dict[str, Callable] = {"token_divergence": divergence.token_counts, "parity": divergence.parity_counts}
+COUNTS: dict[str, Callable] = {
+    "token_divergence": divergence.token_counts,
+    "decode_divergence": lambda ab, envelope: divergence.token_counts(ab, envelope, divergence.DECODE_TOLERANCE),
+    "parity": divergence.parity_counts}
 
 
 def resampled_fail_rate(values: tuple[np.ndarray, np.ndarray], cell: str, alpha: float, resamples: int,

@@ -66,20 +66,29 @@ def prompt_ids(tok, problem: Problem) -> torch.Tensor:
 
 
 @torch.no_grad()
-def greedy(model: DsaForCausalLM, ids: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """Greedy tokens after ``ids [1,S]`` until ``<|eos|>`` (excluded) or ``max_new_tokens``."""
+def greedy(model: DsaForCausalLM, ids: torch.Tensor, max_new_tokens: int
+           ) -> tuple[list[int], list[list[tuple[int, float]]]]:
+    """Greedy tokens after ``ids [1,S]`` until ``<|eos|>`` (excluded) or ``max_new_tokens``, and at each of them the
+    top 2 ``(id, log p)`` of the logits that chose it (nats, float32 log-softmax; the greedy token first): the
+    prefill's last row for the first token, then one KV-cached decode step per token — what a server's ``logprobs``
+    2 returns for a greedy request."""
     cache = model.new_cache(1, ids.shape[1] + max_new_tokens, with_mtp=False)
-    token = int(model.forward(ids, None, cache)[0, -1].argmax())
-    out = []
+    logp = model.forward(ids, None, cache)[0, -1].float().log_softmax(-1)        # [V]
+    out, tops = [], []
+    token = int(logp.argmax())
     while token != EOS_ID and len(out) < max_new_tokens:
+        runner_up = int(logp.index_fill(0, torch.tensor([token]), float("-inf")).argmax())
         out.append(token)
-        token = int(model.forward(torch.tensor([[token]]), None, cache)[0, -1].argmax())
-    return out
+        tops.append([(token, float(logp[token])), (runner_up, float(logp[runner_up]))])
+        logp = model.forward(torch.tensor([[token]]), None, cache)[0, -1].float().log_softmax(-1)
+        token = int(logp.argmax())
+    return out, tops
 
 
 @dataclass
 class EvalResult:
-    """Accuracy per filter (fractions), ``n`` problems, MTP acceptance over ``mtp_n`` of them, and the outputs."""
+    """Accuracy per filter (fractions), ``n`` problems, MTP acceptance over ``mtp_n`` of them, the outputs and their
+    decode-time top 2 (:func:`greedy`)."""
 
     n: int
     accuracy: dict[str, float]
@@ -87,19 +96,22 @@ class EvalResult:
     mtp_acceptance_length: float | None = None
     mtp_n: int = 0
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    decode_top: list[list[list[tuple[int, float]]]] = field(default_factory=list, repr=False)
     correct: list[dict[str, bool]] = field(default_factory=list, repr=False)
 
 
 def evaluate(model: DsaForCausalLM, tok, problems: list[Problem], *, max_new_tokens: int = 96,
              mtp_n: int = 0) -> EvalResult:
     """Greedy answers and scores for ``problems``; MTP acceptance on the first ``mtp_n`` of them."""
-    outputs, correct = [], []
+    outputs, decode_top, correct = [], [], []
     for p in problems:
-        out = greedy(model, prompt_ids(tok, p), max_new_tokens)
+        out, tops = greedy(model, prompt_ids(tok, p), max_new_tokens)
         outputs.append(out)
+        decode_top.append(tops)
         correct.append(score(tok.decode(out), p.answer))
     accuracy = {name: sum(c[name] for c in correct) / len(problems) for name in correct[0]}
-    result = EvalResult(n=len(problems), accuracy=accuracy, outputs=outputs, correct=correct)
+    result = EvalResult(n=len(problems), accuracy=accuracy, outputs=outputs, decode_top=decode_top,
+                        correct=correct)
     if mtp_n and model.config.num_nextn_predict_layers:
         rounds = drafted = accepted = 0
         for p, out in list(zip(problems, outputs))[:mtp_n]:
@@ -156,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(model, tok, problems, mtp_n=args.mtp_n)
     for p, out in list(zip(problems, result.outputs))[:args.show]:
         print(f"--- target {p.target}\n{tok.decode(out)}")
-    print(json.dumps({k: v for k, v in asdict(result).items() if k not in ("outputs", "correct")}))
+    print(json.dumps({k: v for k, v in asdict(result).items() if k not in ("outputs", "decode_top", "correct")}))
     return 0
 
 

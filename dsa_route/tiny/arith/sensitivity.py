@@ -6,7 +6,16 @@ path, *parity*: the fraction of problems whose greedy answer is token-for-token 
 *teacher-forced divergence* the served gate's ``token_divergence`` cell measures (:mod:`harness.judge.divergence`):
 per problem the mean over the correct path's greedy tokens of ``|Δ log p|`` (nats / token) when the defective path
 scores exactly those tokens (one prefill of prompt + continuation, as ``prompt_logprobs`` scores them), summarised as
-its median and the number of problems above ``--tolerance`` (default 0.01, the gate's ``TOKEN_TOLERANCE``).
+its median and the number of problems above ``--tolerance`` (default 0.002, the gate's ``TOKEN_TOLERANCE``), and two
+decode-time measures (each path's own KV-cached decode, :func:`dsa_route.tiny.arith.evaluate.greedy`: the decode path,
+which teacher forcing never runs):
+
+- *decode divergence between the paths*: per problem the mean ``|Δ log p|`` of the greedy token over the two paths'
+  common greedy prefix (before their first differing token), both paths' log p as their decode computed it;
+- *decode against prefill* (the served ``decode_divergence`` cell, ``harness.judge.divergence.runner_up_gaps``): per
+  problem the mean over a path's own greedy tokens of ``|log p_decode − log p_prefill|`` of the decode's runner-up
+  token, the prefill a teacher-forced forward over prompt + that path's output; ``above``: problems beyond the correct
+  path's own gap by more than ``--decode-tolerance`` (default 0.05, the gate's ``DECODE_TOLERANCE``).
 
 Defects: the catalogue :data:`dsa_route.inject.DEFECTS` (each installed on the whole model by
 :func:`dsa_route.dsa.injections.install`, the same hooks the serving path's per-arm ``inject`` setting switches on).
@@ -30,9 +39,11 @@ from .evaluate import TEST_SEED, cli_load, cli_parser, evaluate, prompt_ids
 from .task import Problem, generate
 
 INJECTIONS = tuple(kind for kind, spec in DEFECTS.items() if not spec.min_spec_tokens)  # greedy-visible
-DEFAULT_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = 0.002
 """Nats per token: ``harness.judge.divergence.TOKEN_TOLERANCE``, the per-prompt tie of the served cell (this package
 does not import the harness)."""
+DEFAULT_DECODE_TOLERANCE = 0.05
+"""Nats per position: ``harness.judge.divergence.DECODE_TOLERANCE``, the served decode cell's tie band."""
 MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
 """What "sparse attention matters" means for the checkpoint: each defect loses at least this many strict-match
 points and keeps fewer than this share of the correct path's answers token for token."""
@@ -50,46 +61,103 @@ def injected(model: DsaForCausalLM, kind: str) -> Iterator[None]:
 
 
 @torch.no_grad()
-def forced_logprobs(model: DsaForCausalLM, tok, problems: list[Problem],
-                    outputs: list[list[int]]) -> list[torch.Tensor]:
-    """Per problem ``float32 [len(output)]``: log p of each of ``outputs``' tokens after the prompt, scored in one
-    forward over prompt + output (no KV cache: a prefill, as vLLM's ``prompt_logprobs`` scores a sequence)."""
-    scores = []
+def forced_logsoftmax(model: DsaForCausalLM, tok, problems: list[Problem],
+                      outputs: list[list[int]]) -> list[torch.Tensor]:
+    """Per problem ``float32 [len(output), V]``: the log-softmax predicting each of ``outputs``' tokens after the
+    prompt, scored in one forward over prompt + output (no KV cache: a prefill, as vLLM's ``prompt_logprobs`` scores a
+    sequence)."""
+    rows = []
     for problem, output in zip(problems, outputs):
         prompt = prompt_ids(tok, problem)                                         # [1, S]
         ids = torch.cat((prompt, torch.tensor([output], dtype=prompt.dtype)), dim=1)  # [1, S + O]
-        logits = model(ids)[0, prompt.shape[1] - 1:-1].float()                    # [O, V]: predicts each output token
-        scores.append(logits.log_softmax(-1).gather(1, torch.tensor(output)[:, None])[:, 0])
-    return scores
+        rows.append(model(ids)[0, prompt.shape[1] - 1:-1].float().log_softmax(-1))  # [O, V]
+    return rows
+
+
+def forced_logprobs(rows: list[torch.Tensor], outputs: list[list[int]]) -> list[torch.Tensor]:
+    """Per problem ``float32 [len(output)]``: log p of each of ``outputs``' tokens in :func:`forced_logsoftmax` rows."""
+    return [row.gather(1, torch.tensor(output, dtype=torch.long)[:, None])[:, 0] for row, output in zip(rows, outputs)]
 
 
 def divergence(base: list[torch.Tensor], other: list[torch.Tensor], tolerance: float) -> dict:
     """Per-problem mean ``|Δ log p|`` (nats / token; empty outputs left out) summarised: ``median``, ``max`` and
     ``above`` (problems past ``tolerance``) of ``scored`` problems, and ``per_problem`` (the values, problem order)."""
     per_problem = [float((a - b).abs().mean()) for a, b in zip(base, other) if len(a)]
+    return _summary(per_problem, sum(v > tolerance for v in per_problem), tolerance)
+
+
+def _summary(per_problem: list[float], above: int, tolerance: float) -> dict:
+    """``scored``, ``median``, ``max``, ``above`` (of ``tolerance``) and the ``per_problem`` values (6 decimals)."""
     ordered = sorted(per_problem)
     return {"scored": len(ordered), "median": ordered[len(ordered) // 2] if ordered else None,
-            "max": ordered[-1] if ordered else None, "above": sum(v > tolerance for v in ordered),
-            "tolerance": tolerance, "per_problem": [round(v, 6) for v in per_problem]}
+            "max": ordered[-1] if ordered else None, "above": above, "tolerance": tolerance,
+            "per_problem": [round(v, 6) for v in per_problem]}
+
+
+def decode_divergence(base_ids: list[list[int]], base_top: list[list], ids: list[list[int]], top: list[list],
+                      tolerance: float) -> dict:
+    """:func:`divergence`'s summary of the per-problem mean ``|Δ log p|`` (nats / token) of two greedy decodes' own
+    log p of their greedy token (``top``: :func:`dsa_route.tiny.arith.evaluate.greedy`'s) over their common prefix
+    (the positions before the first differing token: both decoded the same prefix there), plus ``common_tokens``
+    (summed over problems) of ``base_tokens``. Problems whose first tokens differ (no common prefix) are left out."""
+    per_problem, common = [], 0
+    for a, ta, b, tb in zip(base_ids, base_top, ids, top):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        common += n
+        if n:
+            per_problem.append(sum(abs(ta[i][0][1] - tb[i][0][1]) for i in range(n)) / n)
+    return {**_summary(per_problem, sum(v > tolerance for v in per_problem), tolerance),
+            "common_tokens": common, "base_tokens": sum(map(len, base_ids))}
+
+
+def decode_gaps(top: list[list], rows: list[torch.Tensor]) -> list[float | None]:
+    """Per problem the mean over its greedy tokens of ``|log p_decode − log p_prefill|`` of the decode's runner-up
+    (nats / position): ``top`` from :func:`dsa_route.tiny.arith.evaluate.greedy`, ``rows`` the same path's
+    :func:`forced_logsoftmax` of its own outputs; None for an empty output."""
+    gaps = []
+    for positions, row in zip(top, rows):
+        values = [abs(runner_up[1] - float(row[k, runner_up[0]])) for k, (_, runner_up) in enumerate(positions)]
+        gaps.append(sum(values) / len(values) if values else None)
+    return gaps
+
+
+def decode_gap_summary(gaps: list[float | None], correct: list[float | None], tolerance: float) -> dict:
+    """:func:`decode_gaps` of a path summarised as :func:`divergence`; ``above``: problems whose gap exceeds the
+    correct path's by more than ``tolerance`` (the served cell's rule, the correct path as the envelope), also over
+    the first 32 (``above_32``, the served default's parity prompts)."""
+    pairs = [(g, c) for g, c in zip(gaps, correct) if g is not None and c is not None]
+    beyond = [g > c + tolerance for g, c in pairs]
+    return {**_summary([g for g, _ in pairs], sum(beyond), tolerance), "above_32": sum(beyond[:32])}
 
 
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
-        mtp_n: int = 0, tolerance: float = DEFAULT_TOLERANCE) -> dict:
-    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n}, "<kind>": {accuracy, drop_points, parity,
-    divergence}}`` over ``n`` test problems (MTP acceptance of the correct path on the first ``mtp_n``; divergence:
-    :func:`divergence` of the correct path's greedy tokens scored on both paths)."""
+        mtp_n: int = 0, tolerance: float = DEFAULT_TOLERANCE,
+        decode_tolerance: float = DEFAULT_DECODE_TOLERANCE) -> dict:
+    """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n, decode_vs_prefill}, "<kind>": {accuracy, drop_points,
+    parity, divergence, decode_divergence, decode_vs_prefill}}`` over ``n`` test problems (MTP acceptance of the
+    correct path on the first ``mtp_n``; divergence: :func:`divergence` of the correct path's greedy tokens scored on
+    both paths; decode_divergence: :func:`decode_divergence` of both paths' greedy decodes; decode_vs_prefill:
+    :func:`decode_gap_summary` of each path's :func:`decode_gaps`)."""
     problems = generate(n, seed)
     base = evaluate(model, tok, problems, mtp_n=mtp_n)
-    base_scores = forced_logprobs(model, tok, problems, base.outputs)
+    base_rows = forced_logsoftmax(model, tok, problems, base.outputs)
+    base_scores = forced_logprobs(base_rows, base.outputs)
+    base_gaps = decode_gaps(base.decode_top, base_rows)
     report: dict = {"n": n, "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
-                                        "mtp_n": base.mtp_n}}
+                                        "mtp_n": base.mtp_n,
+                                        "decode_vs_prefill": decode_gap_summary(base_gaps, base_gaps,
+                                                                                decode_tolerance)}}
     for kind in kinds:
         with injected(model, kind):
             res = evaluate(model, tok, problems)
-            scores = forced_logprobs(model, tok, problems, base.outputs)
+            scores = forced_logprobs(forced_logsoftmax(model, tok, problems, base.outputs), base.outputs)
+            gaps = decode_gaps(res.decode_top, forced_logsoftmax(model, tok, problems, res.outputs))
         same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
         report[kind] = {"accuracy": res.accuracy, "parity": same,
                         "divergence": divergence(base_scores, scores, tolerance),
+                        "decode_divergence": decode_divergence(base.outputs, base.decode_top, res.outputs,
+                                                               res.decode_top, tolerance),
+                        "decode_vs_prefill": decode_gap_summary(gaps, base_gaps, decode_tolerance),
                         "drop_points": {f: round(100 * (base.accuracy[f] - res.accuracy[f]), 1) for f in res.accuracy}}
     return report
 
@@ -99,25 +167,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inject", action="append", choices=INJECTIONS, help="defects to try (default: all)")
     ap.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                     help="nats / token: a problem's mean |Δ log p| above it counts (default %(default)s)")
+    ap.add_argument("--decode-tolerance", type=float, default=DEFAULT_DECODE_TOLERANCE,
+                    help="nats / position: a problem's decode-vs-prefill gap beyond the correct path's by more "
+                         "counts (default %(default)s)")
     args = ap.parse_args(argv)
+    if args.tolerance <= 0 or args.decode_tolerance <= 0:
+        ap.error("--tolerance and --decode-tolerance must be > 0 (nats)")
     loaded = cli_load(ap, args)
     if loaded is None:
         return 2
     model, tok = loaded
-    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n, args.tolerance)
+    report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n, args.tolerance,
+                 args.decode_tolerance)
     for kind in ("correct", *(args.inject or INJECTIONS)):
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
         extra = "" if kind == "correct" else (
-            f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence median "
-            f"{r['divergence']['median']:.4f} nats/token, {r['divergence']['above']}/{r['divergence']['scored']} "
-            f"above {r['divergence']['tolerance']:g}")
+            f"  drop {r['drop_points']} pts  parity {100 * r['parity']:.1f} %  divergence {_line(r['divergence'])}"
+            f"  decode {_line(r['decode_divergence'])}  decode vs prefill {_line(r['decode_vs_prefill'], 'nats/position')}")
         print(f"{kind:24s} {acc}{extra}")
     print(json.dumps(report))
     met = [k for k in (args.inject or INJECTIONS) if sensitive(report[k])]
     print(f"sparse attention matters (drop ≥ {MIN_DROP_POINTS:g} pts strict-match and parity < "
           f"{100 * MAX_PARITY:g} %): {len(met)}/{len(args.inject or INJECTIONS)} defects")
     return 0
+
+
+def _line(summary: dict, unit: str = "nats/token") -> str:
+    """``median … max … <unit>, above/scored above tolerance`` of a :func:`divergence` summary."""
+    def fmt(value: float | None) -> str:
+        return "—" if value is None else f"{value:.4f}"
+    return (f"median {fmt(summary['median'])} max {fmt(summary['max'])} {unit}, "
+            f"{summary['above']}/{summary['scored']} above {summary['tolerance']:g}")
 
 
 def sensitive(defect: dict) -> bool:
