@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-__all__ = ["DATASETS", "Level", "LevelKey", "Regime", "level_regimes", "workload_levels"]
+__all__ = ["DATASETS", "Level", "LevelKey", "Regime", "level_regimes", "table_regime", "workload_levels"]
 
 
 DATASETS = ("random",)
@@ -112,11 +112,11 @@ def workload_levels(workload: Any) -> set[Level]:
     none). Whatever is not a positive whole number (a hand-edited or foreign manifest) is left out, never guessed."""
     if not isinstance(workload, dict):
         return set()
-    own = _regime_of(workload, "random")
+    own = table_regime(workload)
     own_levels = _whole_numbers(workload.get("concurrency"))
     found = {own.at(c) for c in own_levels} if own is not None else set()
     for entry in workload.get("regimes") or () if isinstance(workload.get("regimes"), list) else ():
-        regime = _regime_of(entry, "random") if isinstance(entry, dict) else None
+        regime = table_regime(entry)
         if regime is not None:
             levels = _whole_numbers(entry.get("concurrency")) if entry.get("concurrency") is not None else own_levels
             found |= {regime.at(c) for c in levels}
@@ -129,9 +129,13 @@ def _whole_numbers(value: Any) -> list[int]:
             and v >= 1 and v == int(v)]
 
 
-def _regime_of(table: dict, default_dataset: str) -> Regime | None:
+def table_regime(table: Any) -> Regime | None:
+    """The regime a scenario table (``workload``, or one ``regimes`` entry, as JSON data) states: its ``dataset``
+    (default ``random``) and both lengths as positive whole numbers; None where it does not."""
+    if not isinstance(table, dict):
+        return None
     lengths = _whole_numbers([table.get("input_len"), table.get("output_len")])
-    dataset = table.get("dataset", default_dataset)
+    dataset = table.get("dataset", "random")
     if len(lengths) != 2 or dataset not in DATASETS:
         return None
     return Regime(dataset, *lengths)

@@ -10,18 +10,15 @@ import re
 from typing import Any, Mapping
 
 from harness.metrics import finite_float
-from harness.rundir.schema import LevelKey, Regime
+from harness.rundir.levels import LevelKey, Regime, table_regime
 
 _V2_KEY = re.compile(r"^c(\d+)-r(\d+)$")
 
 
 def v2_regime(scenario: Mapping[str, Any]) -> Regime:
-    """The one regime of a schema-2 run: ``("random", workload.input_len, workload.output_len)``; a length the
-    scenario does not state as a whole number reads as 0 (shown as such, never guessed)."""
-    workload = scenario.get("workload") if isinstance(scenario.get("workload"), Mapping) else {}
-    lengths = [finite_float(workload.get(name)) for name in ("input_len", "output_len")]
-    input_len, output_len = (int(v) if v is not None and v == int(v) and v >= 0 else 0 for v in lengths)
-    return Regime("random", input_len, output_len)
+    """The one regime of a schema-2 run: ``("random", workload.input_len, workload.output_len)``; where the scenario
+    does not state both lengths as positive whole numbers, ``("random", 0, 0)`` (shown as such, never guessed)."""
+    return table_regime(scenario.get("workload")) or Regime("random", 0, 0)
 
 
 def v2_level_key(text: Any, regime: Regime) -> LevelKey | None:
