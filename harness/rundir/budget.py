@@ -1,0 +1,57 @@
+"""``manifest.json`` ``budget``: the projection after session block 1 of whether ``gate.min_sessions`` blocks fit
+``--budget`` (``workload.budget_s``), and what the run changed so they do (harness.run.stopping.project_budget).
+Re-exported by :mod:`harness.rundir.schema`; the judge (:func:`harness.judge.cells.build_cells`) and the renderers
+read the same record."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from harness.rundir.record import Record
+
+__all__ = ["BudgetRecord"]
+
+
+def _levels(levels: tuple[int, ...]) -> str:
+    return ", ".join(f"c={c}" for c in levels)
+
+
+class BudgetRecord(Record):
+    """The projection after block 1 (seconds of wall time, ``time.monotonic()``).
+
+    ``elapsed_s``: the run so far, one-off work (parity, GSM8K, pilot) included; ``block_s``: block 1 less that
+    one-off work, what each later block is taken to cost; ``level_s``: block 1's wall time per concurrency, both arms'
+    levels summed (``manifest.json`` levels ``wall_s``); ``needed_s``: ``elapsed_s + (min_sessions − 1) × block_s``;
+    ``dropped``: the concurrencies not measured from block 2 on, longest first by ``level_s`` until the projection
+    fits (at least one level kept); ``projected_s``: the projection after the drops (for ``cannot``: with every level
+    but the shortest dropped). ``outcome``: ``fits`` (nothing changed), ``adapted`` (levels dropped: the verdict
+    covers the kept ones) or ``cannot`` (nothing makes it fit: the run stopped after block 1)."""
+
+    budget_s: float
+    elapsed_s: float
+    block_s: float
+    min_sessions: int
+    level_s: dict[int, float]
+    needed_s: float
+    projected_s: float
+    dropped: tuple[int, ...] = ()
+    outcome: Literal["fits", "adapted", "cannot"]
+
+    def kept(self) -> tuple[int, ...]:
+        """The concurrencies measured in every block, ascending."""
+        return tuple(sorted(c for c in self.level_s if c not in self.dropped))
+
+    def describe(self) -> str:
+        """One line for the terminal, the report and the summary: the projection and what changed, or why not."""
+        head = (f"budget: block 1 took {self.block_s:.0f} s; min_sessions {self.min_sessions} needs "
+                f"{self.needed_s:.0f} s {'≤' if self.outcome == 'fits' else '>'} budget {self.budget_s:.0f} s")
+        if self.outcome == "fits":
+            return head + "; nothing changed"
+        if self.outcome == "adapted":
+            return (head + f"; changed: {_levels(self.dropped)} dropped from blocks 2 on (the longest levels of "
+                    f"block 1 first), {self.projected_s:.0f} s projected; the verdict covers {_levels(self.kept())}")
+        shortest = min(self.level_s, key=lambda c: (self.level_s[c], c))
+        return (head + f"; cannot: even with c={shortest} alone a block takes "
+                f"{self.block_s - sum(s for c, s in self.level_s.items() if c != shortest):.0f} s "
+                f"({self.projected_s:.0f} s projected); stopped after block 1 — raise --budget to ≥ "
+                f"{self.needed_s:.0f} s or lower gate.min_sessions")
