@@ -35,24 +35,24 @@ START_S = 2.5
 
 # ------------------------------------------------------------------------------------------------- the rule, pure
 def test_a_budget_that_fits_changes_nothing():
-    record = project_budget(120.0, elapsed_s=40.0, block_s=40.0, level_s={1: 10.0, 8: 20.0}, min_sessions=3)
+    record = project_budget(120.0, elapsed_s=40.0, block_s=40.0, level_s={1: 10.0, 8: 20.0}, min_sessions=3, planned=6)
     assert record.outcome == "fits" and record.dropped == () and record.needed_s == 120.0
-    assert record.describe().endswith("needs 120 s ≤ budget 120 s; nothing changed")
+    assert record.describe().endswith("needs 120 s ≤ budget 120 s; nothing changed (3 of 6 blocks projected)")
 
 
 def test_the_longest_levels_are_dropped_until_min_sessions_fit():
     level_s = {1: 4.0, 2: 6.0, 4: 9.0, 8: 15.0}
     # 40 + 2 × 40 = 120 s > 80 s; without c=8: 40 + 2 × 25 = 90 s > 80 s; without c=4 too: 40 + 2 × 16 = 72 s
-    record = project_budget(80.0, elapsed_s=40.0, block_s=40.0, level_s=level_s, min_sessions=3)
+    record = project_budget(80.0, elapsed_s=40.0, block_s=40.0, level_s=level_s, min_sessions=3, planned=6)
     assert record.outcome == "adapted" and record.dropped == (8, 4) and record.kept() == (1, 2)
-    assert record.projected_s == 72.0
+    assert record.projected_s == 72.0 and record.blocks == 3    # 1 + ⌊(80 − 40) / 16⌋
     assert ("min_sessions 3 needs 120 s > budget 80 s; changed: c=8, c=4 dropped from blocks 2 on"
             in record.describe())
     assert record.describe().endswith("the verdict covers c=1, c=2")
 
 
 def test_a_budget_nothing_can_fit_says_so():
-    record = project_budget(60.0, elapsed_s=40.0, block_s=40.0, level_s={1: 4.0, 8: 15.0}, min_sessions=3)
+    record = project_budget(60.0, elapsed_s=40.0, block_s=40.0, level_s={1: 4.0, 8: 15.0}, min_sessions=3, planned=6)
     assert record.outcome == "cannot" and record.dropped == ()
     assert record.projected_s == 40.0 + 2 * 25.0
     assert "cannot: even with c=1 alone a block takes 25 s" in record.describe()
@@ -100,7 +100,7 @@ CONCURRENT = {"serve.concurrent_servers": True, "serve.restart_per_block": True}
 @pytest.mark.parametrize("serve", [{}, CONCURRENT], ids=["sequential", "concurrent-fresh"])
 def test_a_budget_that_fits_runs_every_block_unchanged(tmp_path, monkeypatch, serve):
     manifest = _runner(tmp_path / "run", monkeypatch, _plan(**serve), budget_s=600.0).run()
-    assert manifest.budget.outcome == "fits" and manifest.stopped is None
+    assert manifest.budget.outcome == "fits" and manifest.stopped is None and manifest.budget.blocks == 6
     assert all(_done_blocks(manifest, c) == 6 for c in LEVEL_S)
     assert manifest.budget.block_s == 2 * START_S + 2 * sum(LEVEL_S.values())
 
@@ -112,6 +112,7 @@ def test_a_budget_that_fits_after_dropping_levels_judges_the_levels_of_every_blo
     manifest = _runner(run_dir, monkeypatch, _plan(**serve), budget_s=80.0).run()
     record = RunDir(run_dir).manifest().budget
     assert record.outcome == "adapted" and record.dropped == (8,) and record.needed_s == 105.0
+    assert record.blocks == 4                            # 1 + ⌊(80 − 35) / 15⌋: what the run then does
     assert _done_blocks(manifest, 8) == 1
     blocks = _done_blocks(manifest, 1)
     assert blocks == _done_blocks(manifest, 2) == 4     # 35 + 3 × 15 = 80 s: the budget's own stop after that

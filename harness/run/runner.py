@@ -415,7 +415,8 @@ class Runner:
             for key, level in self.writer.arm(arm).level_items():
                 if self.plan.block_of(key.round) == 0 and level.wall_s is not None:
                     level_s[key.concurrency] = level_s.get(key.concurrency, 0.0) + level.wall_s
-        record = stopping.project_budget(budget_s, elapsed_s, block_s, level_s, self.plan.scenario.gate.min_sessions)
+        record = stopping.project_budget(budget_s, elapsed_s, block_s, level_s, self.plan.scenario.gate.min_sessions,
+                                         self.plan.scenario.workload.repeats)
         self.writer.update(budget=record)
         if record.outcome != "cannot":   # that one is the stop reason, printed by _stopped
             self.console.print(f"[bold]{escape(record.describe())}[/]")

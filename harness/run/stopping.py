@@ -8,6 +8,7 @@ item 4): if not, later blocks leave out levels, or the run stops there and says 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -76,7 +77,7 @@ class BlockBudget:
 
 
 def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: Mapping[int, float],
-                   min_sessions: int) -> BudgetRecord:
+                   min_sessions: int, planned: int) -> BudgetRecord:
     """After block 1: do ``min_sessions`` blocks fit ``budget_s``, and which levels to leave out so they do.
 
     Each later block is taken to cost ``block_s`` (block 1 less its one-off work, as :class:`BlockBudget` takes it),
@@ -84,15 +85,20 @@ def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: M
     the rest of a block (server starts, warm-ups, the kept levels) does not shrink. The rule: drop the longest
     level of block 1 first (ties: the higher concurrency), one at a time, until ``elapsed_s + (min_sessions − 1) ×
     block`` ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot
-    favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds.
+    favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds;
+    ``planned``: the run's blocks (``workload.repeats``), the most the record's ``blocks`` projects.
     """
     remaining = max(min_sessions - 1, 0)
     needed = elapsed_s + remaining * block_s
     record = {"budget_s": budget_s, "elapsed_s": round(elapsed_s, 1), "block_s": round(block_s, 1),
               "min_sessions": min_sessions, "level_s": {c: round(s, 1) for c, s in level_s.items()},
-              "needed_s": round(needed, 1)}
+              "needed_s": round(needed, 1), "planned": planned}
+
+    def blocks(block: float) -> int:
+        return min(planned, 1 + (math.floor((budget_s - elapsed_s) / block) if block > 0 else planned))
+
     if needed <= budget_s:
-        return BudgetRecord(**record, projected_s=round(needed, 1), outcome="fits")
+        return BudgetRecord(**record, projected_s=round(needed, 1), blocks=blocks(block_s), outcome="fits")
     dropped: list[int] = []
     block, projected = block_s, needed
     for concurrency in sorted(level_s, key=lambda c: (-level_s[c], -c))[:-1]:
@@ -100,5 +106,6 @@ def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: M
         block -= level_s[concurrency]
         projected = elapsed_s + remaining * block
         if projected <= budget_s:
-            return BudgetRecord(**record, projected_s=round(projected, 1), dropped=tuple(dropped), outcome="adapted")
-    return BudgetRecord(**record, projected_s=round(projected, 1), outcome="cannot")
+            return BudgetRecord(**record, projected_s=round(projected, 1), dropped=tuple(dropped),
+                                blocks=blocks(block), outcome="adapted")
+    return BudgetRecord(**record, projected_s=round(projected, 1), blocks=max(blocks(block), 1), outcome="cannot")

@@ -24,7 +24,8 @@ class BudgetRecord(Record):
     levels summed (``manifest.json`` levels ``wall_s``); ``needed_s``: ``elapsed_s + (min_sessions − 1) × block_s``;
     ``dropped``: the concurrencies not measured from block 2 on, longest first by ``level_s`` until the projection
     fits (at least one level kept); ``projected_s``: the projection after the drops (for ``cannot``: with every level
-    but the shortest dropped). ``outcome``: ``fits`` (nothing changed), ``adapted`` (levels dropped: the verdict
+    but the shortest dropped); ``blocks``: the blocks projected to fit the budget at that cost per block, of the
+    ``planned`` ones (``workload.repeats``). ``outcome``: ``fits`` (nothing changed), ``adapted`` (levels dropped: the verdict
     covers the kept ones) or ``cannot`` (nothing makes it fit: the run stopped after block 1)."""
 
     budget_s: float
@@ -35,6 +36,8 @@ class BudgetRecord(Record):
     needed_s: float
     projected_s: float
     dropped: tuple[int, ...] = ()
+    blocks: int
+    planned: int
     outcome: Literal["fits", "adapted", "cannot"]
 
     def kept(self) -> tuple[int, ...]:
@@ -46,10 +49,11 @@ class BudgetRecord(Record):
         head = (f"budget: block 1 took {self.block_s:.0f} s; min_sessions {self.min_sessions} needs "
                 f"{self.needed_s:.0f} s {'≤' if self.outcome == 'fits' else '>'} budget {self.budget_s:.0f} s")
         if self.outcome == "fits":
-            return head + "; nothing changed"
+            return head + f"; nothing changed ({self.blocks} of {self.planned} blocks projected)"
         if self.outcome == "adapted":
             return (head + f"; changed: {_levels(self.dropped)} dropped from blocks 2 on (the longest levels of "
-                    f"block 1 first), {self.projected_s:.0f} s projected; the verdict covers {_levels(self.kept())}")
+                    f"block 1 first), {self.projected_s:.0f} s projected, {self.blocks} of {self.planned} blocks; "
+                    f"the verdict covers {_levels(self.kept())}")
         shortest = min(self.level_s, key=lambda c: (self.level_s[c], c))
         return (head + f"; cannot: even with c={shortest} alone a block takes "
                 f"{self.block_s - sum(s for c, s in self.level_s.items() if c != shortest):.0f} s "
