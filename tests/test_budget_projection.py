@@ -147,3 +147,8 @@ def test_a_budget_that_cannot_fit_stops_after_block_1_and_says_why(tmp_path, mon
 def test_without_a_budget_nothing_is_projected(tmp_path, monkeypatch):
     run = _runner(tmp_path / "run", monkeypatch, _plan(**{"workload.repeats": 2}), budget_s=None)
     assert run.run().budget is None
+
+
+def test_a_plan_of_fewer_blocks_than_min_sessions_is_projected_on_its_own_blocks():
+    record = project_budget(100.0, elapsed_s=40.0, block_s=40.0, level_s={1: 10.0, 8: 20.0}, min_sessions=3, planned=2)
+    assert record.outcome == "fits" and record.needed_s == 80.0 and record.blocks == 2

@@ -86,9 +86,10 @@ def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: M
     level of block 1 first (ties: the higher concurrency), one at a time, until ``elapsed_s + (min_sessions − 1) ×
     block`` ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot
     favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds;
-    ``planned``: the run's blocks (``workload.repeats``), the most the record's ``blocks`` projects.
+    ``planned``: the run's blocks (``workload.repeats``): the most the record's ``blocks`` projects, and the most
+    blocks the projection asks for.
     """
-    remaining = max(min_sessions - 1, 0)
+    remaining = max(min(min_sessions, planned) - 1, 0)   # a plan of fewer blocks cannot reach min_sessions anyway
     needed = elapsed_s + remaining * block_s
     record = {"budget_s": budget_s, "elapsed_s": round(elapsed_s, 1), "block_s": round(block_s, 1),
               "min_sessions": min_sessions, "level_s": {c: round(s, 1) for c, s in level_s.items()},
