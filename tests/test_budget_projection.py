@@ -52,10 +52,11 @@ def test_the_longest_levels_are_dropped_until_min_sessions_fit():
 
 
 def test_a_budget_nothing_can_fit_says_so():
-    record = project_budget(60.0, elapsed_s=40.0, block_s=40.0, level_s={1: 4.0, 8: 15.0}, min_sessions=3, planned=6)
+    record = project_budget(60.0, elapsed_s=40.0, block_s=40.0, level_s={1: 4.0, 8: 15.0}, min_sessions=3, planned=6,
+                            start_s=20.0)
     assert record.outcome == "cannot" and record.dropped == ()
     assert record.projected_s == 40.0 + 2 * 25.0
-    assert "cannot: even with c=1 alone a block takes 25 s" in record.describe()
+    assert "cannot: even with c=1 alone a block takes 25 s, 20 s of it server starts" in record.describe()
     assert "raise --budget to ≥ 120 s" in record.describe()
 
 
@@ -138,7 +139,8 @@ def test_a_budget_that_cannot_fit_stops_after_block_1_and_says_why(tmp_path, mon
     assert manifest.budget.outcome == "cannot"
     assert manifest.stopped.reason == manifest.budget.describe()
     assert manifest.stopped.reason.startswith("budget: block 1 took 35 s; min_sessions 3 needs 105 s > budget 50 s; "
-                                              "cannot: even with c=1 alone a block takes 9 s")
+                                              "cannot: even with c=1 alone a block takes 9 s, 5 s of it server "
+                                              "starts")
     assert all(_done_blocks(manifest, c) == 1 for c in LEVEL_S)
     result = gate.run_gate(run_dir)
     assert any("cannot:" in note for note in result.verdict.notes)

@@ -77,7 +77,7 @@ class BlockBudget:
 
 
 def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: Mapping[int, float],
-                   min_sessions: int, planned: int) -> BudgetRecord:
+                   min_sessions: int, planned: int, start_s: float = 0.0) -> BudgetRecord:
     """After block 1: do ``min_sessions`` blocks fit ``budget_s``, and which levels to leave out so they do.
 
     Each later block is taken to cost ``block_s`` (block 1 less its one-off work, as :class:`BlockBudget` takes it),
@@ -87,13 +87,14 @@ def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: M
     block`` ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot
     favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds;
     ``planned``: the run's blocks (``workload.repeats``): the most the record's ``blocks`` projects, and the most
-    blocks the projection asks for.
+    blocks the projection asks for; ``start_s``: the server starts in ``block_s`` (recorded, to say where a block's
+    time goes).
     """
     remaining = max(min(min_sessions, planned) - 1, 0)   # a plan of fewer blocks cannot reach min_sessions anyway
     needed = elapsed_s + remaining * block_s
     record = {"budget_s": budget_s, "elapsed_s": round(elapsed_s, 1), "block_s": round(block_s, 1),
               "min_sessions": min_sessions, "level_s": {c: round(s, 1) for c, s in level_s.items()},
-              "needed_s": round(needed, 1), "planned": planned}
+              "needed_s": round(needed, 1), "planned": planned, "start_s": round(start_s, 1)}
 
     def blocks(block: float) -> int:
         return min(planned, 1 + (math.floor((budget_s - elapsed_s) / block) if block > 0 else planned))

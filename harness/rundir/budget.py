@@ -21,12 +21,15 @@ class BudgetRecord(Record):
 
     ``elapsed_s``: the run so far, one-off work (parity, GSM8K, pilot) included; ``block_s``: block 1 less that
     one-off work, what each later block is taken to cost; ``level_s``: block 1's wall time per concurrency, both arms'
-    levels summed (``manifest.json`` levels ``wall_s``); ``needed_s``: ``elapsed_s + (min_sessions − 1) × block_s``;
+    levels summed (``manifest.json`` levels ``wall_s``); ``needed_s``: ``elapsed_s + (m − 1) × block_s``, ``m`` the
+    smaller of ``min_sessions`` and ``planned``;
     ``dropped``: the concurrencies not measured from block 2 on, longest first by ``level_s`` until the projection
     fits (at least one level kept); ``projected_s``: the projection after the drops (for ``cannot``: with every level
     but the shortest dropped); ``blocks``: the blocks projected to fit the budget at that cost per block, of the
-    ``planned`` ones (``workload.repeats``). ``outcome``: ``fits`` (nothing changed), ``adapted`` (levels dropped: the verdict
-    covers the kept ones) or ``cannot`` (nothing makes it fit: the run stopped after block 1)."""
+    ``planned`` ones (``workload.repeats``); ``start_s``: the server starts of block 1 that every block repeats (fresh
+    sessions per block; 0 where servers stay up), which no change of levels shortens. ``outcome``: ``fits``
+    (nothing changed), ``adapted`` (levels dropped: the verdict covers the kept ones) or ``cannot`` (nothing makes it
+    fit: the run stopped after block 1)."""
 
     budget_s: float
     elapsed_s: float
@@ -38,6 +41,7 @@ class BudgetRecord(Record):
     dropped: tuple[int, ...] = ()
     blocks: int
     planned: int
+    start_s: float
     outcome: Literal["fits", "adapted", "cannot"]
 
     def kept(self) -> tuple[int, ...]:
@@ -56,6 +60,6 @@ class BudgetRecord(Record):
                     f"the verdict covers {_levels(self.kept())}")
         shortest = min(self.level_s, key=lambda c: (self.level_s[c], c))
         return (head + f"; cannot: even with c={shortest} alone a block takes "
-                f"{self.block_s - sum(s for c, s in self.level_s.items() if c != shortest):.0f} s "
-                f"({self.projected_s:.0f} s projected); stopped after block 1 — raise --budget to ≥ "
-                f"{self.needed_s:.0f} s or lower gate.min_sessions")
+                f"{self.block_s - sum(s for c, s in self.level_s.items() if c != shortest):.0f} s, "
+                f"{self.start_s:.0f} s of it server starts ({self.projected_s:.0f} s projected); stopped after block 1 "
+                f"— raise --budget to ≥ {self.needed_s:.0f} s or lower gate.min_sessions")
