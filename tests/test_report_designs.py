@@ -112,6 +112,8 @@ def test_the_design_is_chosen_by_this_machines_study_or_says_whose(tmp_path):
 
 def test_the_report_and_the_plan_say_which_machines_study_chose_the_design(run_dir, tmp_path, monkeypatch, capsys):
     from harness import cli
+    from harness.run import machine
+    from harness.rundir.schema import Platform
 
     _study(tmp_path / "study", EPYC, "concurrent-pinned")
     monkeypatch.setattr(designs, "STUDY_DIR", tmp_path / "study")
@@ -124,4 +126,8 @@ def test_the_report_and_the_plan_say_which_machines_study_chose_the_design(run_d
             "design concurrent-pinned, chosen by the study of cpu-2cpu-amd-epyc") in section
     assert cli.main(["plan", "--scenario", "cpu-tiny-dsa"]) == 0
     plan = capsys.readouterr().out
-    assert "run design: " in plan and "concurrent-pinned" in plan.split("run design: ")[1].splitlines()[0]
+    (line,) = [line for line in plan.splitlines() if line.startswith("run design: ")]
+    host = Platform.model_validate(machine.detect().to_dict()).identity()
+    assert line == "run design: " + designs.design_choice(host, "concurrent-pinned")
+    assert cli.main(["plan", "--scenario", "cpu-tiny-dsa", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["design"] == line.removeprefix("run design: ")
