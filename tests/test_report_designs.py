@@ -103,7 +103,7 @@ def test_the_design_is_chosen_by_this_machines_study_or_says_whose(tmp_path):
         f"{designs.MEASURE_COMMAND}")
     _study(tmp_path, XEON, "sequential-1r", "2026-12-04T20:00:00+00:00")
     assert designs.design_choice(XEON, "concurrent-pinned", tmp_path).startswith(
-        "the study of cpu-2cpu-intel-r-xeon-r-processor, measured 2026-12-04 found sequential-1r cheapest; this run "
+        "the study of cpu-2cpu-intel-r-xeon-r-processor, measured 2026-12-04, found sequential-1r cheapest; this run "
         "ran the scenario's design concurrent-pinned")
     assert designs.design_choice(XEON, None, tmp_path / "none").startswith(
         "no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's design its own "

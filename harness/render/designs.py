@@ -60,7 +60,7 @@ def design_choice(machine: Mapping[str, Any], design: str | None, study_dir: Pat
         cheapest = document.get("cheapest")
         if design is not None and cheapest == design:
             return f"design {design} chosen by {_study_words(path, document)} (results/design-study/{path.name})"
-        return (f"{_study_words(path, document)} found {cheapest} cheapest; this run ran the scenario's design "
+        return (f"{_study_words(path, document)}, found {cheapest} cheapest; this run ran the scenario's design "
                 f"{ran} — set the scenario's design and overrides to {cheapest}'s "
                 f"(results/design-study/{path.name})")
     chooser = next((_study_words(path, doc) for path, doc in _studies(study_dir)
