@@ -127,6 +127,7 @@ def test_a_budget_that_fits_after_dropping_levels_judges_the_levels_of_every_blo
     assert cells[("output_throughput", 1, False)].primary and cells[("output_throughput", 1, False)].repeats == 4
     assert cells[("output_throughput", None, True)].repeats == 4   # pooled over c=1, 2 only
     assert any("changed: c=8 dropped" in note for note in result.verdict.notes)
+    assert result.document["noise"]["pooled"]["pairs"] == 4        # the run's spread, over the levels of every block
     render_report(run_dir)
     page = (run_dir / schema.REPORT).read_text(encoding="utf-8")
     summary = (run_dir / schema.SUMMARY).read_text(encoding="utf-8")
