@@ -24,12 +24,15 @@ USAGE_ERROR = 2
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan (compact; ``--verbose``: every reason and bench command; ``--json``: everything) and its cost
     estimate; start nothing."""
+    from harness.render.designs import design_choice
     from harness.run import plan_view
     from harness.run.estimate import estimate
+    from harness.rundir.schema import Platform
 
     plan, refusal = build_plan(CompareRequest(scenario=args.scenario, overrides=_overrides(args)), to_run=False)
     view = plan_view.as_json if args.json else plan_view.verbose if args.verbose else plan_view.compact
-    sys.stdout.write(view(plan, estimate(plan), refusal))
+    design = design_choice(Platform.model_validate(plan.machine.to_dict()).identity(), plan.scenario.design)
+    sys.stdout.write(view(plan, estimate(plan), refusal, design))
     return 0
 
 

@@ -255,3 +255,35 @@ def test_the_median_pooled_spread_takes_the_median_per_level_not_over_all_levels
          - np.log(levels[levels.arm == "baseline"].output_throughput.to_numpy())).reshape(6, 3).mean(axis=1)
     assert plain.sd == pytest.approx(float(np.std(d, ddof=1)))
     assert median.pairs == plain.pairs == 6 and median.sd == pytest.approx(plain.sd)
+
+
+def test_calibrate_runs_the_files_calibrate_designs_briefly_into_this_machines_study(tmp_path, monkeypatch, capsys):
+    """Issue #27 item 3: a machine's first study is short — the file's ``calibrate`` designs, 3 blocks each."""
+    seen = []
+
+    def fake_compare(request):
+        run_dir = tmp_path / "out" / "runs" / f"run{len(seen)}"
+        shutil.copytree(RECORDING, run_dir)
+        seen.append(request)
+        return compare.CompareResult(exit_code=0, run_dir=run_dir)
+
+    monkeypatch.setattr(compare, "run", fake_compare)
+    assert design_study.main(["calibrate", "--out", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    shipped = read_designs()
+    assert shipped.calibrate and len(seen) == len(shipped.calibrate)
+    assert {request.overrides["workload.repeats"] for request in seen} == {3}
+    (study,) = (tmp_path / "out").glob("*.json")
+    assert [row["design"] for row in json.loads(study.read_text())["designs"]] == list(shipped.calibrate)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ('[designs.a]\noverrides = {}\n', "no calibrate = [...] list"),
+    ('calibrate = ["zz"]\n[designs.a]\noverrides = {}\n', "calibrate must list designs of the file"),
+])
+def test_calibrate_without_its_designs_is_one_line_exit_2(tmp_path, monkeypatch, capsys, body, fragment):
+    monkeypatch.setattr(compare, "run", lambda request: pytest.fail("a compare started"))
+    code = design_study.main(["calibrate", "--design-file", str(_design_file(tmp_path, body)),
+                              "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -1,6 +1,7 @@
 """report.html's "Designs measured on this machine": the committed study of this machine class, and this run's own
 paired spread and cost per decision (verdict.json's noise)."""
 
+import html
 import json
 import re
 import shutil
@@ -73,3 +74,60 @@ def test_a_study_of_another_machine_is_not_shown(run_dir, tmp_path, monkeypatch,
     assert designs.design_ran(manifest).startswith(("fixed (", "group-sequential ("))
     assert f"measured on another machine: cpu, AMD EPYC, 64 CPUs (results/design-study/{study.name})" in section
     assert designs.MEASURE_COMMAND in section
+
+
+XEON = {"name": "cpu", "device": "Intel(R) Xeon(R) Processor", "cpu_count": 2, "gpu_count": 0}
+EPYC = {"name": "cpu", "device": "AMD EPYC", "cpu_count": 2, "gpu_count": 0}
+
+
+def _study(folder, machine, cheapest, updated_at="2026-12-01T18:47:26+00:00"):
+    """A minimal study document of ``machine`` whose cheapest design is ``cheapest``, under its machine key."""
+    from harness.study.design_analysis import machine_key
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{machine_key(machine)}.json"
+    path.write_text(json.dumps({"kind": designs.STUDY_KIND, "machine": machine, "updated_at": updated_at,
+                                "cheapest": cheapest, "designs": []}))
+    return path
+
+
+def test_the_design_is_chosen_by_this_machines_study_or_says_whose(tmp_path):
+    """Issue #27 item 3: which machine's study chose the run design, in the plan's and the report's words."""
+    _study(tmp_path, EPYC, "concurrent-pinned")
+    assert designs.design_choice(EPYC, "concurrent-pinned", tmp_path) == (
+        "design concurrent-pinned chosen by the study of cpu-2cpu-amd-epyc, measured 2026-12-01 "
+        "(results/design-study/cpu-2cpu-amd-epyc.json)")
+    assert designs.design_choice(XEON, "concurrent-pinned", tmp_path) == (
+        "no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's design "
+        "concurrent-pinned, chosen by the study of cpu-2cpu-amd-epyc, measured 2026-12-01; make one with "
+        f"{designs.MEASURE_COMMAND}")
+    _study(tmp_path, XEON, "sequential-1r", "2026-12-04T20:00:00+00:00")
+    assert designs.design_choice(XEON, "concurrent-pinned", tmp_path).startswith(
+        "the study of cpu-2cpu-intel-r-xeon-r-processor, measured 2026-12-04, found sequential-1r cheapest; this run "
+        "ran the scenario's design concurrent-pinned")
+    assert designs.design_choice(XEON, None, tmp_path / "none").startswith(
+        "no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's design its own "
+        "settings (no design-study design); make one with")
+
+
+def test_the_report_and_the_plan_say_which_machines_study_chose_the_design(run_dir, tmp_path, monkeypatch, capsys):
+    from harness import cli
+    from harness.run import machine
+    from harness.rundir.schema import Platform
+
+    _study(tmp_path / "study", EPYC, "concurrent-pinned")
+    monkeypatch.setattr(designs, "STUDY_DIR", tmp_path / "study")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["platform"]["device"] = XEON["device"]
+    manifest["scenario"]["design"] = "concurrent-pinned"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    section = html.unescape(" ".join(_section(render_report(run_dir).read_text()).split()))
+    assert ("Run design: no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's "
+            "design concurrent-pinned, chosen by the study of cpu-2cpu-amd-epyc") in section
+    assert cli.main(["plan", "--scenario", "cpu-tiny-dsa"]) == 0
+    plan = capsys.readouterr().out
+    (line,) = [line for line in plan.splitlines() if line.startswith("run design: ")]
+    host = Platform.model_validate(machine.detect().to_dict()).identity()
+    assert line == "run design: " + designs.design_choice(host, "concurrent-pinned")
+    assert cli.main(["plan", "--scenario", "cpu-tiny-dsa", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["design"] == line.removeprefix("run design: ")

@@ -147,10 +147,14 @@ def test_the_budget_predicts_the_next_block_without_the_one_off_work_of_the_last
     from harness.run.stopping import BlockBudget
 
     budget = BlockBudget(150.0, started=0.0, servers_stay_up=False)
-    assert budget.check(100.0, server_start_s=20.0, blocks_done=1, one_off_s=60.0) is None   # 100 + 40 ≤ 150
-    assert "budget" in budget.check(140.0, server_start_s=30.0, blocks_done=2, one_off_s=60.0)  # 140 + 40 > 150
+    assert budget.close(100.0, server_start_s=20.0, one_off_s=60.0) == 40.0
+    assert budget.stop_reason(100.0, 40.0, blocks_done=1) is None                             # 100 + 40 ≤ 150
+    assert budget.close(140.0, server_start_s=30.0, one_off_s=60.0) == 40.0
+    assert "budget" in budget.stop_reason(140.0, 40.0, blocks_done=2)                         # 140 + 40 > 150
     plain = BlockBudget(150.0, started=0.0, servers_stay_up=False)
-    assert "budget" in plain.check(100.0, server_start_s=20.0, blocks_done=1)               # 100 + 100 > 150
+    assert plain.close(100.0, server_start_s=20.0) == 100.0                                   # 100 + 100 > 150
+    stay = BlockBudget(150.0, started=0.0, servers_stay_up=True)   # servers started once: not again next block
+    assert stay.close(100.0, server_start_s=20.0) == 80.0
 
 
 def test_repeats_on_a_sequential_scenario_runs_that_many_blocks_in_the_fixed_design(capsys):

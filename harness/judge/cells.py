@@ -3,7 +3,7 @@ paired values of both arms over the rounds valid in both, or why the cell is INV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -16,6 +16,10 @@ from harness.metrics import OPTIONAL_COLUMNS, SERVER_SIDE, succeeded
 from harness.rundir.schema import Level, Manifest
 from harness.rundir.v2 import with_level_column
 from harness.metrics import finite_float
+
+
+DROPPED_NOTE = ("measured in block 1 only: the budget's projection left this level out of the later blocks "
+                "(manifest.json budget), so it is shown, not judged; the verdict covers the levels of every block")
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,16 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
     why}`` (stalled rounds the policy's estimator leaves out, :func:`harness.judge.stalls.find_stalls`); a session's
     rounds are located by ``policy.estimator``. A cell whose every session lost its rounds that way is INVALID.
     Missing data (no levels.csv column, no requests.csv rows, no accuracy.csv, no MTP counters) makes a primary cell
-    INVALID with a reason naming the file and the fix.
+    INVALID with a reason naming the file and the fix. A level the budget's projection left out of blocks 2 on
+    (``manifest.budget.dropped``) has one session: its cells are diagnostic (:data:`DROPPED_NOTE`), so the verdict
+    and each metric's pooled hypothesis are over the levels measured in every block.
     """
     levels, requests = (with_level_column(frame, manifest.scenario_data()) for frame in (levels, requests))
     base, cand = validity.arms["baseline"], validity.arms["candidate"]
     wanted_levels = policy.wanted_levels(validity.levels)
     level_rows = keyed_rows(levels)
     request_groups = keyed_groups(succeeded(requests) if len(requests) else requests)
+    dropped = {Level.parse(level) for level in manifest.budget.dropped} if manifest.budget is not None else set()
     names = list(policy.primary)
     if diagnostics:
         names += [n for n in DIAGNOSTIC if n not in policy.primary]
@@ -97,8 +104,9 @@ def build_cells(manifest: Manifest, levels, requests, accuracy, policy: GatePoli
         if not primary and not _has_data(spec, levels):
             continue
         for level in wanted_levels:
-            cells.append(_level_cell(spec, level, primary, validity, level_rows, request_groups, levels, policy,
-                                     base, cand, excluded or {}))
+            cell = _level_cell(spec, level, primary and level not in dropped, validity, level_rows, request_groups,
+                               levels, policy, base, cand, excluded or {})
+            cells.append(replace(cell, notes=(*cell.notes, DROPPED_NOTE)) if primary and level in dropped else cell)
     return cells
 
 

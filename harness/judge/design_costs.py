@@ -177,8 +177,11 @@ def decision_cost(sd: float, upper: float, wall_per_block_s: float | None) -> De
 def run_noise(manifest: Manifest, levels: pd.DataFrame, column: str = "output_throughput",
               **options: Any) -> dict[str, Any]:
     """This run's noise and cost per decision of ``column``, as plain data: ``{"column", "levels": [SpreadEstimate],
-    "pooled": SpreadEstimate, "blocks_timed", **DecisionCost}`` (NaN → None for JSON)."""
-    pooled = pooled_spread(levels, column, **options)
+    "pooled": SpreadEstimate, "blocks_timed", **DecisionCost}`` (NaN → None for JSON). The pooled spread leaves out
+    the levels the budget's projection dropped from blocks 2 on (``manifest.budget``), as the gate's pooled
+    hypothesis does: over every level, only block 1 would be complete."""
+    dropped = manifest.budget.dropped if manifest.budget is not None else ()
+    pooled = pooled_spread(levels[~levels["level"].isin(dropped)] if dropped else levels, column, **options)
     wall, timed = block_wall_s(manifest)
     cost = decision_cost(pooled.sd, pooled.upper, wall)
     return _plain({"column": column, "levels": [_spread_data(s) for s in level_spreads(levels, column, **options)],

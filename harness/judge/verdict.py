@@ -528,6 +528,8 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
         notes.append(f"A/A check across the placements before this run: {check.overall} ({check.run_dir})"
                      + (" — the placements differ: swapping cancels a constant node effect, not one that interacts "
                         "with the arms" if check.overall == "FAIL" else ""))
+    if manifest.budget is not None and manifest.budget.outcome == "adapted":
+        notes.append(manifest.budget.describe())
     if manifest.stopped is not None:
         notes.append(f"the run stopped before its last planned session block — {manifest.stopped.reason}")
     run_status = manifest.status

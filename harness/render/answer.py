@@ -264,12 +264,15 @@ def arm_line(arm: ArmRecord | None, name: str, versions: Mapping[str, Any], impo
 
 def health_line(manifest: Manifest, levels: Sequence[LevelView]) -> str:
     """``"2 of 60 session blocks done; stopped: budget …; 0 of 96 requests failed; load average 1.7 → 7.4 on 2
-    CPUs"``: what ran of the plan, why it stopped, failed requests, the host's load."""
+    CPUs"``: what ran of the plan, what the budget's projection after block 1 changed (``manifest.budget``), why it
+    stopped, failed requests, the host's load."""
     planned = manifest.scenario_value("workload", "repeats")
     done = [len({record.session for _, record in arm.level_items() if record.status == "done"})
             for arm in manifest.arms]
     blocks = min(done) if done else 0
     parts = [f"{blocks} of {planned} session blocks done" if isinstance(planned, int) else f"{blocks} session blocks done"]
+    if manifest.budget is not None and manifest.budget.outcome == "adapted":
+        parts.append(manifest.budget.describe())
     if manifest.stopped is not None:
         parts.append(f"stopped early ({manifest.stopped.reason})")
     elif manifest.status != "done":

@@ -13,14 +13,16 @@ from typing import Any, Mapping
 
 from harness.rundir.schema import Manifest
 
-__all__ = ["MEASURE_COMMAND", "STUDY_DIR", "STUDY_KIND", "design_ran", "designs_section", "measured_study"]
+__all__ = ["MEASURE_COMMAND", "STUDY_DIR", "STUDY_KIND", "design_choice", "design_ran", "designs_section",
+           "measured_study"]
 
 STUDY_DIR = Path(__file__).resolve().parents[2] / "results" / "design-study"
 STUDY_KIND = "dsa-bench.design-study"
 
 
-MEASURE_COMMAND = "python -m harness.study.design_study run --designs NAME,… --blocks 8"
-"""How a machine gets its own study (the design names are those of ``scenarios/design-study/cpu.toml``)."""
+MEASURE_COMMAND = "python -m harness.study.design_study calibrate"
+"""How a machine gets its own study, short: the ``calibrate`` designs of ``scenarios/design-study/cpu.toml``, 3 blocks
+each (``… run --designs NAME,… --blocks 8`` measures any of its designs at length)."""
 
 
 def _studies(study_dir: Path | None) -> list[tuple[Path, dict[str, Any]]]:
@@ -37,10 +39,34 @@ def _studies(study_dir: Path | None) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
-def measured_study(manifest: Manifest, study_dir: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
-    """(path, document) of the design study whose machine is this run's, or None (none measured, or unreadable)."""
-    wanted = manifest.platform.identity()
-    return next(((path, doc) for path, doc in _studies(study_dir) if doc.get("machine") == wanted), None)
+def measured_study(machine: Mapping[str, Any], study_dir: Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """(path, document) of the design study of ``machine`` (:meth:`~harness.rundir.schema.Platform.identity`), or
+    None (none measured, or unreadable)."""
+    return next(((path, doc) for path, doc in _studies(study_dir) if doc.get("machine") == dict(machine)), None)
+
+
+def _study_words(path: Path, document: Mapping[str, Any]) -> str:
+    return f"the study of {path.stem}, measured {str(document.get('updated_at') or 'at an unrecorded time')[:10]}"
+
+
+def design_choice(machine: Mapping[str, Any], design: str | None, study_dir: Path | None = None) -> str:
+    """Which machine's study chose the run design ``design`` (the scenario's ``design``), in one line for the plan and
+    the report: chosen by this machine's study; this machine's study found another cheapest; or no study of this
+    machine (and which other machine's study chose it), with the command that makes one."""
+    ran = design or "its own settings (no design-study design)"
+    found = measured_study(machine, study_dir)
+    if found is not None:
+        path, document = found
+        cheapest = document.get("cheapest")
+        if design is not None and cheapest == design:
+            return f"design {design} chosen by {_study_words(path, document)} (results/design-study/{path.name})"
+        return (f"{_study_words(path, document)}, found {cheapest} cheapest; this run ran the scenario's design "
+                f"{ran} — set the scenario's design and overrides to {cheapest}'s "
+                f"(results/design-study/{path.name})")
+    chooser = next((_study_words(path, doc) for path, doc in _studies(study_dir)
+                    if design is not None and doc.get("cheapest") == design), None)
+    return (f"no study of this machine ({_machine_words(machine)}); ran the scenario's design {ran}"
+            + (f", chosen by {chooser}" if chooser else "") + f"; make one with {MEASURE_COMMAND}")
 
 
 def _machine_words(machine: Mapping[str, Any]) -> str:
@@ -76,9 +102,10 @@ def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = N
     """``{"machine": str, "study": None | {"source", "updated_at", "cheapest", "rows": [{design, description,
     cheapest, blocks, rounds, pooled {pairs, sd, low, high}, wall_per_block_s, cost_s, blocks_3pct, overall}]},
     "this_run": None | verdict.json's noise, "ran": this run's design in words, "elsewhere": the other machines'
-    studies in words, "command": how to measure this machine}``."""
+    studies in words, "command": how to measure this machine, "choice": :func:`design_choice` of the scenario's
+    design}``."""
     platform = manifest.platform
-    found = measured_study(manifest, study_dir)
+    found = measured_study(platform.identity(), study_dir)
     study = None
     if found is not None:
         path, document = found
@@ -92,4 +119,5 @@ def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = N
                  for path, doc in _studies(study_dir) if found is None or path != found[0]]
     return {"machine": f"{platform.name}, {platform.device or 'unknown device'}, {platform.cpu_count} CPUs",
             "study": study, "this_run": noise if isinstance(noise, Mapping) else None,
-            "ran": design_ran(manifest), "elsewhere": elsewhere, "command": MEASURE_COMMAND}
+            "ran": design_ran(manifest), "elsewhere": elsewhere, "command": MEASURE_COMMAND,
+            "choice": design_choice(platform.identity(), manifest.scenario_value("design"), study_dir)}

@@ -32,8 +32,12 @@ def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
     return lines
 
 
-def _header(plan: Plan, refusal: str | None) -> list[str]:
+def _header(plan: Plan, refusal: str | None, design: str | None) -> list[str]:
+    """The scenario and machine, which machine's study chose the run design (``design``:
+    :func:`harness.render.designs.design_choice`; None: not looked up), refusals and notes."""
     lines = [f"scenario: {plan.scenario.name} on {plan.machine.name} ({plan.machine.device})"]
+    if design is not None:
+        lines.append(f"run design: {design}")
     if refusal:
         lines.append(f"note: `dsa-bench compare` would refuse on this machine: {refusal}")
     lines += [f"note: {note}" for note in plan.notes]
@@ -82,9 +86,9 @@ def _placement_line(plan: Plan) -> str:
             + (" — swapped every other block" if spec.swap_nodes else ""))
 
 
-def compact(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+def compact(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None) -> str:
     """Decision + server command per arm, one bench template, the level × round grid and the estimate."""
-    lines = _header(plan, refusal)
+    lines = _header(plan, refusal, design)
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=False)
     lines += [""] + [f"bench {regime.label()} (each arm, each level; --verbose lists them): "
@@ -94,9 +98,9 @@ def compact(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None) -> str:
     """Every reason, and every level's bench command per arm."""
-    lines = _header(plan, refusal)
+    lines = _header(plan, refusal, design)
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=True)
         for key in plan.levels():
@@ -106,7 +110,7 @@ def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
+def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None) -> str:
     """Everything: scenario, machine, notes, arms (decision, env, server argv), every level's bench argv, estimate."""
     levels = []
     for key in plan.levels():
@@ -119,7 +123,7 @@ def as_json(plan: Plan, estimate: Estimate, refusal: str | None = None) -> str:
                            for arm in plan.arms}})
     document = {
         "scenario": plan.scenario.model_dump(mode="json"), "scenario_file": plan.scenario_file,
-        "machine": plan.machine.to_dict(), "refusal": refusal, "notes": list(plan.notes),
+        "machine": plan.machine.to_dict(), "design": design, "refusal": refusal, "notes": list(plan.notes),
         "arms": [{**asdict(arm), "server_argv": arm.server_argv("<port>")} for arm in plan.arms],
         "levels": levels, "estimate": estimate.to_dict(),
     }

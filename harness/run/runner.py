@@ -333,9 +333,9 @@ class Runner:
     # ----------------------------------------------------------------------------------------------- the loop
     def _ready(self, name: str, level: Level, round_no: int) -> VllmServer | RemoteServer | None:
         """The running server a pending level is measured on; None when the level is not run now (done on a resumed
-        run, or its arm is dead: the level's status then says why)."""
+        run, stopped: left out by the budget, or its arm is dead: the level's status then says why)."""
         key = LevelKey(level, round_no)
-        if self.writer.level(name, key).status == LevelState.DONE:
+        if self.writer.level(name, key).state in (LevelState.DONE, LevelState.STOPPED):
             return None
         if name in self.dead_arms:
             self.writer.update_level(name, key, status=f"{LevelState.SKIPPED.value}: {self.dead_arms[name]}")
@@ -394,10 +394,50 @@ class Runner:
             self.timing["benchmark_s"] = benchmark_s + time.monotonic() - started
 
     def _block_done(self, blocks_done: int, budget: stopping.BlockBudget) -> str | None:
-        """The stop reason at the boundary after ``blocks_done`` blocks (a deciding look, the budget), else None."""
-        return (stopping.look_stop(self.run_dir, blocks_done)
-                or budget.check(time.monotonic(), self.timing["server_start_s"], blocks_done,
-                                sum(self.timing[k] for k in ("parity_s", "gsm8k_s", "pilot_s"))))
+        """The stop reason at the boundary after ``blocks_done`` blocks (a deciding look, the budget), else None.
+        After block 1 of a run with a budget, the projection (:meth:`_project`) may leave levels out of the later
+        blocks (the next block is then taken to cost that much less) or stop the run."""
+        now_s, one_off_s = time.monotonic(), sum(self.timing[k] for k in ("parity_s", "gsm8k_s", "pilot_s"))
+        start_s = 0.0 if budget.servers_stay_up else self.timing["server_start_s"] - budget.block_start_s
+        next_block_s = budget.close(now_s, self.timing["server_start_s"], one_off_s)
+        stop = stopping.look_stop(self.run_dir, blocks_done)
+        if stop is None and blocks_done == 1 and budget.budget_s is not None and self.manifest.budget is None:
+            record = self._project(budget.budget_s, now_s - budget.started, next_block_s, start_s)
+            if record.outcome == "cannot":
+                return record.describe()
+            next_block_s -= sum(record.level_s[level] for level in record.dropped)
+        return stop or budget.stop_reason(now_s, next_block_s, blocks_done)
+
+    def _project(self, budget_s: float, elapsed_s: float, block_s: float, start_s: float) -> schema.BudgetRecord:
+        """Project ``gate.min_sessions`` blocks from block 1 (:func:`stopping.project_budget`, on block 1's level wall
+        times of both arms; ``start_s`` its server starts); record it in the manifest, say it on the terminal, and
+        leave the dropped levels out."""
+        level_s: dict[Level, float] = {}
+        for arm in self.arms_plan:
+            for key, level in self.writer.arm(arm).level_items():
+                if self.plan.block_of(key.round) == 0 and level.wall_s is not None:
+                    level_s[key.level] = level_s.get(key.level, 0.0) + level.wall_s
+        record = stopping.project_budget(budget_s, elapsed_s, block_s, level_s, self.plan.scenario.gate.min_sessions,
+                                         self.plan.scenario.workload.repeats, start_s)
+        self.writer.update(budget=record)
+        if record.outcome != "cannot":   # that one is the stop reason, printed by _stopped
+            self.console.print(f"[bold]{escape(record.describe())}[/]")
+        self._drop_levels()
+        self._save()
+        return record
+
+    def _drop_levels(self) -> None:
+        """Mark the levels the manifest's ``budget`` left out of blocks 2 on as stopped (a resumed run re-applies
+        it): no longer planned, so nothing runs them and the gate does not count them missing."""
+        record = self.manifest.budget
+        if record is None or not record.dropped:
+            return
+        for arm in self.arms_plan:
+            for key, level in self.writer.arm(arm).level_items():
+                if (str(key.level) in record.dropped and self.plan.block_of(key.round) > 0
+                        and level.state != LevelState.DONE):
+                    self.writer.update_level(arm, key, status=f"{schema.STOPPED}: budget: {key.level.label()} "
+                                                              "left out of blocks 2 on (manifest budget)")
 
     def run(self) -> run_manifest.RunManifest:
         """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""
@@ -416,6 +456,7 @@ class Runner:
         budget = stopping.BlockBudget(self.options.budget_s, started, not self.plan.scenario.fresh_session_per_block())
         try:
             self._connect_cluster(client_env)
+            self._drop_levels()
             self._size_levels(order, clients)
             if is_duet and self.cluster is None:   # both imports done before the first step's two levels begin
                 duet.start_clients(clients, self.console)

@@ -336,6 +336,9 @@ class Scenario(_Frozen):
     gate: GatePolicy = GatePolicy()
     cluster: ClusterSpec = ClusterSpec()
     allow_identical_arms: bool = False   # A/A calibration: both arms the same path on purpose
+    # The design of scenarios/design-study/cpu.toml this scenario's run design is (None: none of a study's): the plan
+    # and the report compare it with the cheapest design the study of this machine found (harness.render.designs).
+    design: str | None = None
 
     @model_validator(mode="after")
     def _two_arms(self) -> "Scenario":

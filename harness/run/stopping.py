@@ -1,19 +1,24 @@
 """When a run stops before its last planned session block, and where GSM8K runs so an early stop still has it.
 
 Two rules, checked by the runner at every block boundary: a sequential look decided (:func:`harness.gate.look`,
-the gate's own verdict at the look's α) or the next block would end past ``--budget`` (:class:`BlockBudget`).
+the gate's own verdict at the look's α) or the next block would end past ``--budget`` (:class:`BlockBudget`). After
+block 1, :func:`project_budget` decides early whether ``gate.min_sessions`` blocks fit the budget at all (issue #27
+item 4): if not, later blocks leave out levels, or the run stops there and says why.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from harness import gate
 from harness.judge.policy import Status
 from harness.run.plan import Plan
+from harness.rundir.schema import BudgetRecord, Level
 
-__all__ = ["BlockBudget", "gsm8k_points", "look_stop"]
+__all__ = ["BlockBudget", "gsm8k_points", "look_stop", "project_budget"]
 
 
 def gsm8k_points(plan: Plan, order: list[tuple[str, int, int]]) -> dict[str, int]:
@@ -53,14 +58,56 @@ class BlockBudget:
     def __post_init__(self) -> None:
         self.block_started = self.started
 
-    def check(self, now_s: float, server_start_s: float, blocks_done: int, one_off_s: float = 0.0) -> str | None:
-        """Close the block that ends at ``now_s``; the stop reason when the next one would not fit, else None."""
-        elapsed, last_block = now_s - self.started, now_s - self.block_started
+    def close(self, now_s: float, server_start_s: float, one_off_s: float = 0.0) -> float:
+        """Close the block that ends at ``now_s``; what the next block is taken to cost (seconds)."""
+        last_block = now_s - self.block_started
         if self.servers_stay_up:
             last_block -= server_start_s - self.block_start_s
         last_block -= one_off_s - self.block_one_off_s
         self.block_started, self.block_start_s, self.block_one_off_s = now_s, server_start_s, one_off_s
-        if self.budget_s is not None and elapsed + last_block > self.budget_s:
+        return last_block
+
+    def stop_reason(self, now_s: float, next_block_s: float, blocks_done: int) -> str | None:
+        """The stop reason when a next block of ``next_block_s`` seconds would end past the budget, else None."""
+        elapsed = now_s - self.started
+        if self.budget_s is not None and elapsed + next_block_s > self.budget_s:
             return (f"budget: {elapsed:.0f} s of {self.budget_s:.0f} s used after {blocks_done} block(s); the last "
-                    f"took {last_block:.0f} s")
+                    f"took {next_block_s:.0f} s")
         return None
+
+
+def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: Mapping[Level, float],
+                   min_sessions: int, planned: int, start_s: float = 0.0) -> BudgetRecord:
+    """After block 1: do ``min_sessions`` blocks fit ``budget_s``, and which levels to leave out so they do.
+
+    Each later block is taken to cost ``block_s`` (block 1 less its one-off work, as :class:`BlockBudget` takes it),
+    less the block-1 wall time ``level_s[level]`` (seconds, both arms' levels summed) of every level it leaves out:
+    the rest of a block (server starts, warm-ups, the kept levels) does not shrink. The rule: drop the longest
+    level of block 1 first (ties: the later level, :class:`~harness.rundir.schema.Level` order), one at a time, until ``elapsed_s + (min_sessions − 1) ×
+    block`` ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot
+    favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds;
+    ``planned``: the run's blocks (``workload.repeats``): the most the record's ``blocks`` projects, and the most
+    blocks the projection asks for; ``start_s``: the server starts in ``block_s`` (recorded, to say where a block's
+    time goes).
+    """
+    remaining = max(min(min_sessions, planned) - 1, 0)   # a plan of fewer blocks cannot reach min_sessions anyway
+    needed = elapsed_s + remaining * block_s
+    record = {"budget_s": budget_s, "elapsed_s": round(elapsed_s, 1), "block_s": round(block_s, 1),
+              "min_sessions": min_sessions, "level_s": {str(c): round(s, 1) for c, s in sorted(level_s.items())},
+              "needed_s": round(needed, 1), "planned": planned, "start_s": round(start_s, 1)}
+
+    def blocks(block: float) -> int:
+        return min(planned, 1 + (math.floor((budget_s - elapsed_s) / block) if block > 0 else planned))
+
+    if needed <= budget_s:
+        return BudgetRecord(**record, projected_s=round(needed, 1), blocks=blocks(block_s), outcome="fits")
+    dropped: list[str] = []
+    block, projected = block_s, needed
+    for level in sorted(level_s, key=lambda level: (level_s[level], level), reverse=True)[:-1]:
+        dropped.append(str(level))
+        block -= level_s[level]
+        projected = elapsed_s + remaining * block
+        if projected <= budget_s:
+            return BudgetRecord(**record, projected_s=round(projected, 1), dropped=tuple(dropped),
+                                blocks=blocks(block), outcome="adapted")
+    return BudgetRecord(**record, projected_s=round(projected, 1), blocks=max(blocks(block), 1), outcome="cannot")

@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from harness.rundir.budget import BudgetRecord  # re-exported
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
                                       VerdictCell, VerdictDocument)
@@ -328,6 +329,7 @@ class Manifest(_Record):
     aa_check: AaCheckRecord | None = None       # the A/A run across the placements before this A/B
     cluster: ClusterRecord | None = None        # where the arms ran (None: written before placements were recorded)
     pilot: PilotRecord | None = None            # the levels that set the prompt counts (None: no workload.min_level_s)
+    budget: BudgetRecord | None = None          # the projection after block 1 (None: no budget, or before block 1)
 
     def arm(self, name: str) -> ArmRecord | None:
         """The arm called ``name``, or None."""
@@ -372,8 +374,9 @@ class Manifest(_Record):
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
-    "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "ClusterRecord", "EXIT_CODES", "GpuState", "Injection",
-    "DATASETS", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "Level", "LevelKey", "Regime", "level_regimes", "LevelRecord", "LevelRow", "LevelState", "level_reason",
+    "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "BudgetRecord", "ClusterRecord", "EXIT_CODES",
+    "GpuState", "Injection", "DATASETS", "LEVELS", "LEVEL_COLUMNS", "LOGS_DIR", "Level", "LevelKey", "Regime",
+    "level_regimes", "LevelRecord", "LevelRow", "LevelState", "level_reason",
     "level_state", "MANIFEST", "MTP_COLUMNS", "Manifest",
     "NodeRecord", "Observation", "PARITY", "PARITY_DIR", "PYTORCH_JSON", "PilotLevel", "PilotRecord", "Placement",
     "Platform",

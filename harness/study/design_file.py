@@ -22,7 +22,7 @@ from harness.run.scenario import REPO_ROOT, ScenarioError, load_scenario
 __all__ = ["DEFAULT_FILE", "Design", "DesignFile", "DesignFileError", "read_designs", "find_library", "resolve"]
 
 DEFAULT_FILE = REPO_ROOT / "scenarios" / "design-study" / "cpu.toml"
-FILE_KEYS = {"scenario", "control_base", "designs"}
+FILE_KEYS = {"scenario", "control_base", "calibrate", "designs"}
 DESIGN_KEYS = {"description", "overrides", "base", "control", "preload"}
 
 
@@ -51,6 +51,7 @@ class DesignFile:
     scenario: str
     control_base: str | None
     tables: dict[str, dict[str, Any]]
+    calibrate: tuple[str, ...] = ()   # the designs a machine's first, short study runs (design_study calibrate)
 
 
 def read_designs(path: Path = DEFAULT_FILE) -> DesignFile:
@@ -72,7 +73,11 @@ def read_designs(path: Path = DEFAULT_FILE) -> DesignFile:
     base = data.get("control_base")
     if base is not None and base not in tables:
         raise DesignFileError(f"{path}: control_base {base!r} is not a design; use one of {', '.join(tables)}")
-    return DesignFile(Path(path), data["scenario"], base, tables)
+    calibrate = data.get("calibrate", [])
+    if not isinstance(calibrate, list) or any(name not in tables for name in calibrate):
+        raise DesignFileError(f"{path}: calibrate must list designs of the file, e.g. calibrate = "
+                              f"[\"{next(iter(tables))}\"]; got {calibrate!r}")
+    return DesignFile(Path(path), data["scenario"], base, tables, tuple(calibrate))
 
 
 def _check_table(path: Path, name: str, table: Any, tables: dict[str, Any]) -> None:

@@ -7,6 +7,10 @@ blocks, GSM8K off, gated), one after the other, into ``<out>/runs/``; each run d
 design, its overrides, the host's load average before and after, transparent-huge-page settings). Then it analyzes
 them as ``analyze`` does.
 
+``python -m harness.study.design_study calibrate [--blocks 3]`` is a machine's first, short study: ``run`` over the
+design file's ``calibrate`` designs (the scenario's own design and the ones it was chosen over), so a machine with no
+study of its own gets one (``results/design-study/<machine>.json``, which the plan and the report then cite).
+
 ``python -m harness.study.design_study analyze RUN_DIR...`` computes each run's row (:func:`harness.study.design_analysis.
 analyze_run`), merges them by design name into ``<out>/<machine>.json`` (a design measured again replaces its row)
 and prints the markdown table the README takes verbatim, with the cheapest design (least spread² × wall time per
@@ -133,11 +137,16 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the named designs as real A/A compares, then analyze them")
     run.add_argument("--designs", required=True, help="comma-separated design names of the design file")
     run.add_argument("--blocks", type=int, default=8, help="session blocks per design (workload.repeats; default 8)")
-    run.add_argument("--design-file", type=Path, default=DEFAULT_FILE, help=f"default {DEFAULT_FILE}")
     run.add_argument("--control-base", help="the design the control = true designs build on (default: the file's)")
+    calibrate = sub.add_parser("calibrate", help="a machine's first, short study: run the design file's calibrate "
+                                                 "designs, then analyze them")
+    calibrate.add_argument("--blocks", type=int, default=3, help="session blocks per design (default 3)")
+    calibrate.set_defaults(control_base=None)
+    for command in (run, calibrate):
+        command.add_argument("--design-file", type=Path, default=DEFAULT_FILE, help=f"default {DEFAULT_FILE}")
     analyze = sub.add_parser("analyze", help="the study rows of existing run directories")
     analyze.add_argument("run_dirs", nargs="+", type=Path)
-    for command in (run, analyze):
+    for command in (run, calibrate, analyze):
         command.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "design-study",
                              help="where <machine>.json goes (run directories under OUT/runs)")
         command.add_argument("--robust-estimators", default="exclude-stalls,median", metavar="NAMES",
@@ -155,7 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.blocks < 2:
             raise DesignFileError(f"--blocks {args.blocks}: a paired spread needs at least 2 blocks")
         designs_file = read_designs(args.design_file)
-        designs = resolve(designs_file, [n.strip() for n in args.designs.split(",") if n.strip()], args.control_base)
+        if args.command == "calibrate" and not designs_file.calibrate:
+            raise DesignFileError(f"{args.design_file}: no calibrate = [...] list of designs; add one or use run")
+        names = (list(designs_file.calibrate) if args.command == "calibrate"
+                 else [n.strip() for n in args.designs.split(",") if n.strip()])
+        designs = resolve(designs_file, names, args.control_base)
         made = run_designs(designs, designs_file.scenario, args.blocks, args.out)
         return _analyze(made, args.out, args.robust_estimators) if made else 1
     except DesignFileError as error:
