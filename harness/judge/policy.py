@@ -207,6 +207,6 @@ class GatePolicy(BaseModel):
         return (f"non-inferiority at α = {self.alpha:g}: PASS by intersection–union (every primary cell passes its "
                 f"own test at α; Berger 1982); FAIL by Holm (1979) per metric at α/{metrics} (Bonferroni over the "
                 "metrics, valid under any dependence, e.g. throughput and TPOT of the same requests) over the family "
-                "{the pooled hypothesis (geometric mean of the per-level ratios, unit = the session pair), each "
-                "level}; accuracy by Tango's (1998) score test against its margin; "
+                "{each regime's pooled hypothesis (geometric mean of its per-level ratios, unit = the session pair), "
+                "each level}; accuracy by Tango's (1998) score test against its margin; "
                 "margins: " + ", ".join(parts))
