@@ -144,6 +144,14 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     *(_request(column, label, statistic) for column, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"),
                                                                ("e2el_ms", "E2EL"))
       for statistic in ("mean", "median", "p99")),
+    Metric("request_goodput", "Request goodput", "req/s", True, "level", -3.0, "request_goodput",
+           short="requests meeting every SLO / duration",
+           formula="requests whose TTFT, TPOT and E2EL are each within the scenario's [slo] / benchmark duration "
+                   "(vLLM bench serve --goodput; DistServe, Zhong et al. 2024, arXiv:2401.09670)", abbrev="goodput"),
+    Metric("slo_attainment", "SLO attainment", "", True, "level", -2.0, "slo_attainment",
+           short="share of requests meeting every SLO",
+           formula="requests meeting every SLO of the scenario's [slo] / completed requests (0..1)",
+           abbrev="SLO att"),
     Metric("mean_itl_ms", "Mean ITL", "ms", False, "level", None, "mean_itl_ms",
            short="gap between streamed chunks, pooled; mean", formula=_ITL + "; mean", abbrev="ITL"),
     Metric("p99_itl_ms", "P99 ITL", "ms", False, "level", None, "p99_itl_ms",
@@ -188,13 +196,17 @@ SERVER_SIDE: tuple[str, ...] = ("engine_steps_per_s", "tokens_per_step", "server
                                 "server_mean_itl_ms", "server_mean_e2el_ms")
 """The metrics read from the server's ``/metrics`` (empty in run directories recorded without the captures)."""
 
-OPTIONAL_COLUMNS: tuple[str, ...] = (*SERVER_SIDE, "engine_cpu_ms_per_token")
-"""Level metrics whose column may be empty — the server-side figures, and the engine's CPU time per token (not read
-for remote servers or in older run directories): shown and judged only where recorded."""
+GOODPUT: tuple[str, ...] = ("request_goodput", "slo_attainment")
+"""The metrics of a scenario's ``[slo]`` (empty without one)."""
+
+OPTIONAL_COLUMNS: tuple[str, ...] = (*SERVER_SIDE, "engine_cpu_ms_per_token", *GOODPUT)
+"""Level metrics whose column may be empty — the server-side figures, the engine's CPU time per token (not read
+for remote servers or in older run directories) and goodput (only with ``[slo]``): shown and judged only where
+recorded."""
 
 REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step",
                                  "engine_cpu_ms_per_token", "total_token_throughput",
-                                 "request_throughput", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
+                                 "request_throughput", "request_goodput", "slo_attainment", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
                                  "p99_ttft_ms", "mean_tpot_ms", "server_mean_tpot_ms", "median_tpot_ms",
                                  "p99_tpot_ms", "mean_itl_ms", "server_mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
                                  "server_mean_e2el_ms")

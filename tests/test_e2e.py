@@ -34,6 +34,9 @@ def test_run_dir_has_both_arms_with_throughput(run_dir):
     assert (levels["completed"] == 8).all()
     # the engine's own CPU time per output token (VLLM::EngineCore and its worker): a few ms per token on 2 cores
     assert levels["engine_cpu_ms_per_token"].between(0.1, 1000).all()
+    # the scenario's [slo] went to vLLM's client as --goodput: its goodput and the attainment (issue #26 item 4)
+    assert (levels["request_goodput"] >= 0).all() and levels["slo_attainment"].between(0, 1).all()
+    assert (levels["request_goodput"] <= levels["request_throughput"] + 1e-9).all()
     requests = pd.read_csv(run_dir / schema.REQUESTS)
     assert len(requests) == 2 * 3 * 2 * 8 and requests["tpot_ms"].notna().all()
     long = requests[requests["level"] == "random-i256-o32-c4"]

@@ -129,3 +129,15 @@ def test_results_without_itls_leave_max_itl_empty(bench):
     data = {k: v for k, v in bench.items() if k != "itls"}
     _, rows = parse_bench_result(data, "baseline", C4, 0)
     assert all(row["max_itl_ms"] is None for row in rows)
+
+
+def test_goodput_and_slo_attainment_are_vllms_own_goodput(bench):
+    """``--goodput`` (the scenario's ``[slo]``): vLLM's ``request_goodput`` is kept and the attainment is its good
+    requests (goodput × duration) over the completed ones; without it both stay empty."""
+    level, _ = parse_bench_result(bench, "baseline", C4, 0)
+    assert level["request_goodput"] is None and level["slo_attainment"] is None
+    good = bench["completed"] - 3
+    slowed = {**bench, "request_goodput": good / bench["duration"]}
+    level, _ = parse_bench_result(slowed, "baseline", C4, 0)
+    assert level["request_goodput"] == pytest.approx(good / bench["duration"])
+    assert level["slo_attainment"] == pytest.approx(good / bench["completed"])

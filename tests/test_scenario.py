@@ -141,3 +141,21 @@ def test_a_bad_regime_is_one_line_and_exit_2_before_anything_starts(tmp_path, ca
     assert message in err and len(err.strip().splitlines()) == 1
     assert main(["compare", "--scenario", str(path), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("slo, message", [('ttft_ms = "fast"', "slo.ttft_ms"), ("tpot_ms = -5", "slo.tpot_ms"),
+                                          ("itl_ms = 5", "slo.itl_ms")])
+def test_an_slo_that_is_not_a_positive_number_of_ms_is_one_line_and_exit_2(tmp_path, capsys, slo, message):
+    from harness.cli import main
+
+    path = tmp_path / "bad.toml"
+    path.write_text(f'include = "cpu-tiny-dsa"\nname = "bad"\n\n[slo]\n{slo}\n', encoding="utf-8")
+    assert main(["plan", "--scenario", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_slos_reach_vllms_bench_client_as_goodput_pairs():
+    scenario = load_scenario("cpu-tiny-dsa", {"slo.e2el_ms": 2000})
+    assert scenario.slo.goodput_args() == ["--goodput", "ttft:500", "tpot:25", "e2el:2000"]
+    assert load_scenario("cpu-tiny-dsa", {"slo.ttft_ms": None, "slo.tpot_ms": None}).slo.goodput_args() == []

@@ -12,7 +12,7 @@ from harness.judge import stats
 from harness.judge.policy import DIAGNOSTIC, METRICS, GatePolicy, Metric
 from harness.judge.stalls import location_rounds
 from harness.judge.validity import ValidityReport, keyed_groups, keyed_rows
-from harness.metrics import OPTIONAL_COLUMNS, SERVER_SIDE, succeeded
+from harness.metrics import GOODPUT, OPTIONAL_COLUMNS, SERVER_SIDE, succeeded
 from harness.rundir.schema import Level, Manifest
 from harness.rundir.v2 import with_level_column
 from harness.metrics import finite_float
@@ -141,7 +141,9 @@ def _level_cell(spec: Metric, level: Level, primary: bool, validity: ValidityRep
     if spec.source in ("level", "request"):
         reasons += validity.performance_reasons
     if spec.name in OPTIONAL_COLUMNS and not _has_data(spec, levels):
-        source = "the server's /metrics captures" if spec.name in SERVER_SIDE else "the engine's CPU time (/proc)"
+        source = ("the server's /metrics captures" if spec.name in SERVER_SIDE else
+                  "service-level objectives (the scenario's [slo])" if spec.name in GOODPUT else
+                  "the engine's CPU time (/proc)")
         reasons.append(f"levels.csv has no {spec.column} values: the run was recorded without {source} (older "
                        f"dsa-bench, imported results, remote servers); drop {spec.name!r} from [gate].primary")
     if spec.source == "spec" and not _has_spec_data(levels):

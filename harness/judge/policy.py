@@ -44,7 +44,8 @@ METRICS: dict[str, Metric] = {name: m for name, m in ALL_METRICS.items() if m.de
 DEFAULT_PRIMARY: tuple[str, ...] = ("output_throughput", "mean_tpot_ms", "gsm8k_accuracy", "acceptance_length")
 DIAGNOSTIC: tuple[str, ...] = ("output_throughput", "total_token_throughput", "mean_tpot_ms", "p99_tpot_ms",
                                "mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms", "acceptance_length",
-                               "server_mean_tpot_ms", "engine_steps_per_s", "tokens_per_step",
+                               "server_mean_tpot_ms", "engine_steps_per_s", "tokens_per_step", "request_goodput",
+                               "slo_attainment",
                                *(f"acceptance_pos_{k}" for k in range(1, MTP_POSITIONS + 1)))
 """Metrics shown with an unadjusted 95 % interval when not primary (no verdict). ``acceptance_pos_<k>`` (MTP
 acceptance at draft position k) is gated like ``acceptance_length`` when ``[gate].primary`` names it (each counts as

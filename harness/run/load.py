@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from harness.run import procs
+from harness.metrics import finite_float
 from harness.rundir.schema import Level
 
 
@@ -167,7 +168,20 @@ def parse_bench_result(data: Mapping[str, Any], arm: str, level: Level, round_: 
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "p99"):
             level[f"{stat}_{metric}_ms"] = _num(data.get(f"{stat}_{metric}_ms"))
+    level.update(_goodput(data))
     return level, requests
+
+
+def _goodput(data: Mapping[str, Any]) -> dict[str, float | None]:
+    """``request_goodput`` (req/s) and ``slo_attainment`` (0..1) of a result run with ``--goodput`` (the scenario's
+    ``[slo]``): vLLM's own ``request_goodput`` = requests meeting every SLO / duration (``benchmarks/serve.py``
+    ``calculate_metrics``: TTFT, TPOT — 0 for a one-token request — and E2EL each ≤ its SLO), and the share of
+    completed requests that met them, ``round(goodput × duration) / completed``. Both None without ``--goodput``."""
+    goodput, duration = finite_float(data.get("request_goodput")), finite_float(data.get("duration"))
+    completed = finite_float(data.get("completed"))
+    if goodput is None or not duration or not completed:
+        return {"request_goodput": None, "slo_attainment": None}
+    return {"request_goodput": goodput, "slo_attainment": round(goodput * duration) / completed}
 
 
 def read_bench_json(path: Path) -> dict[str, Any]:

@@ -167,6 +167,7 @@ class Plan:
             "--max-concurrency", str(level.get("concurrency", level["level"].concurrency)), "--request-rate", "inf",
             "--num-warmups", str(self.scenario.workload.warmups),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", BENCH_PERCENTILES,
+            *self.scenario.slo.goodput_args(),
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
             "--result-filename", level["result_filename"], "--disable-tqdm",
         ]

@@ -252,6 +252,23 @@ class WorkloadSpec(_Frozen):
         return max(level.input_len + level.output_len for level in self.levels())
 
 
+class SloSpec(_Frozen):
+    """Service-level objectives per request (``[slo]``, milliseconds; None = no objective on that figure): TTFT,
+    TPOT and E2EL. With any set, every level is measured with ``vllm bench serve --goodput`` and records vLLM's
+    goodput — requests meeting every objective per second (DistServe, Zhong et al. 2024) — and the share of requests
+    meeting them (``levels.csv`` ``request_goodput``, ``slo_attainment``)."""
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tpot_ms: float | None = Field(default=None, gt=0)
+    e2el_ms: float | None = Field(default=None, gt=0)
+
+    def goodput_args(self) -> list[str]:
+        """``["--goodput", "ttft:500", "tpot:25"]`` (vLLM's ``KEY:VALUE`` pairs in ms); ``[]`` without objectives."""
+        pairs = [f"{name}:{value:g}" for name, value in (("ttft", self.ttft_ms), ("tpot", self.tpot_ms),
+                                                         ("e2el", self.e2el_ms)) if value is not None]
+        return ["--goodput", *pairs] if pairs else []
+
+
 class MtpSpec(_Frozen):
     """Multi-token prediction: ``num_speculative_tokens`` drafts per step, 0 = off."""
 
@@ -331,6 +348,7 @@ class Scenario(_Frozen):
     )
     workload: WorkloadSpec
     mtp: MtpSpec = MtpSpec()
+    slo: SloSpec = SloSpec()
     accuracy: AccuracySpec = AccuracySpec()
     parity: ParitySpec = ParitySpec()
     gate: GatePolicy = GatePolicy()

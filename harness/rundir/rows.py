@@ -17,7 +17,9 @@ class LevelRow(_Record):
     ``load_avg_1m`` the 1-minute load average at its end (harness.run.host_load; empty in older run directories and
     where ``/proc`` is absent). ``engine_cpu_ms_per_token`` = the vLLM engine processes' (EngineCore and its workers)
     user + system CPU milliseconds over the level / its output tokens (harness.run.host_load; empty for remote
-    servers and older run directories).
+    servers and older run directories). ``request_goodput`` (req/s) and ``slo_attainment`` (0..1): vLLM's goodput of
+    the scenario's ``[slo]`` and the share of requests meeting it (:func:`harness.run.load.parse_bench_result`; empty
+    without ``[slo]``).
     MTP columns (empty with MTP off): drafts, draft tokens, accepted tokens (counts over the measured window);
     ``acceptance_rate`` = accepted / draft tokens (0..1); ``acceptance_length`` = 1 + accepted / drafts;
     ``acceptance_per_pos`` = per-position rates, ``;``-joined.
@@ -54,6 +56,8 @@ class LevelRow(_Record):
     host_steal_fraction: float | None = None   # stolen / all CPU ticks of the host over the level (/proc/stat)
     load_avg_1m: float | None = None            # the host's 1-minute load average at the level's end (/proc/loadavg)
     engine_cpu_ms_per_token: float | None = None  # the engine's user + system CPU ms / output token over the level
+    request_goodput: float | None = None        # requests meeting every [slo] / duration (req/s; vLLM's --goodput)
+    slo_attainment: float | None = None         # the share of completed requests meeting every [slo] (0..1)
     server_mean_ttft_ms: float | None = None
     server_mean_tpot_ms: float | None = None
     server_mean_itl_ms: float | None = None
