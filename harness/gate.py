@@ -37,6 +37,8 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
            # this run's paired spread of output throughput per session block and its cost per decision
            # (harness.judge.design_costs.run_noise; an A/B's spread estimates the noise as well as an A/A's)
     stalls [{arm, concurrency, round, session, reason, excluded}]   # flagged rounds (harness.judge.stalls)
+    slo [{level, arm, good, requests, share, lower, alpha}]   # SLO attainment per arm and level with its exact
+                                                              # one-sided lower bound (harness.judge.attainment)
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from harness.judge import divergence
+from harness.judge.attainment import slo_attainment
 from harness.judge.design_costs import run_noise
 from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
@@ -319,6 +322,8 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "noise": _noise(result),
         "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
         "correctness": [c.to_dict() for c in result.correctness],
+        "slo": [row.to_dict() for row in slo_attainment(result.levels, result.policy.alpha)]
+        if result.levels is not None and verdict is not None else [],
     }
 
 

@@ -343,3 +343,29 @@ def test_goodput_cells_are_judged_where_an_slo_was_measured_and_say_so_where_not
     lost = measured.assign(request_goodput=measured["request_goodput"].where(measured["arm"] == "baseline",
                                                                              measured["request_goodput"] * 0.7))
     assert verdict.evaluate(manifest, lost, requests, None, policy, diagnostics=False).status == Status.FAIL
+
+
+def test_slo_attainment_has_an_exact_binomial_lower_bound_per_arm_and_level(tmp_path):
+    """``verdict.json`` ``slo``: per level and arm the requests meeting every SLO and the Clopper–Pearson one-sided
+    lower bound (the exact binomial tail LoadGen's early stopping uses); summary.md states it; none without [slo]."""
+    from scipy.stats import binom
+
+    from harness import gate
+    from harness.judge.attainment import attainment_bound
+
+    assert attainment_bound(0, 10, 0.05) == 0.0 and attainment_bound(10, 10, 0.05) == pytest.approx(0.05 ** 0.1)
+    lower = attainment_bound(95, 100, 0.05)
+    assert binom.sf(94, 100, lower) == pytest.approx(0.05, rel=1e-6)     # P(X ≥ 95 | p = lower) = α: exact
+    with pytest.raises(ValueError):
+        attainment_bound(5, 4, 0.05)
+    aa, (manifest, levels, requests) = _aa_run()
+    plain = gate.run_gate(aa.write_run(tmp_path / "plain", manifest, levels, requests), write=False)
+    assert plain.document["slo"] == []
+    measured = levels.assign(slo_attainment=0.75)
+    result = gate.run_gate(aa.write_run(tmp_path / "slo", manifest, measured, requests))
+    rows = result.document["slo"]
+    assert {row["arm"] for row in rows} == {"baseline", "candidate"} and len(rows) == 2 * levels["level"].nunique()
+    first = rows[0]
+    assert first["good"] == round(0.75 * first["requests"]) and first["share"] == pytest.approx(0.75, abs=0.01)
+    assert first["lower"] < first["share"]
+    assert "SLO attainment (requests meeting every objective of [slo]" in (result.run_dir / "summary.md").read_text()

@@ -40,6 +40,7 @@ def render(view: VerdictView) -> str:
         return "\n".join(lines) + "\n"
     lines += _level_table(view)
     lines += _pooled_lines(document.pooled)
+    lines += _slo_lines(document.slo)
     accuracy = view.cell_map().get(("gsm8k_accuracy", None))
     if accuracy is not None:
         lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
@@ -69,7 +70,8 @@ def _level_table(view: VerdictView) -> list[str]:
                     key=Level.parse)
     several = len({Level.parse(level).regime for level in levels}) > 1
     show_mtp = any(metric == "acceptance_length" for metric, _ in cells)
-    header = ["Level" if several else "Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand", "Δ TPOT [CI]"]
+    header = ["Level" if several else "Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand",
+              "Δ TPOT [CI]"]
     if show_mtp:
         header.append("MTP accept. length base → cand")
     header.append("Verdict")
@@ -77,7 +79,8 @@ def _level_table(view: VerdictView) -> list[str]:
              "|" + "|".join(["--:"] * 3 + [":--"] + ["--:"] * 2 + [":--"] * (len(header) - 6)) + "|"]
     for level in levels:
         tput, tpot = cells.get(("output_throughput", level)), cells.get(("mean_tpot_ms", level))
-        row = [Level.parse(level).label() if several else str(Level.parse(level).concurrency), fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
+        shown = Level.parse(level).label(regime=several) if several else str(Level.parse(level).concurrency)
+        row = [shown, fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
                fmt(tpot and tpot.baseline, 2), fmt(tpot and tpot.candidate, 2), delta_text(tpot)]
         if show_mtp:
             mtp = cells.get(("acceptance_length", level))
@@ -112,6 +115,23 @@ def _pooled_lines(pooled) -> list[str]:
 def _regime_text(cell: VerdictCell) -> str:
     regime = Regime.parse(cell.regime)
     return f" ({regime.label()})" if regime is not None else ""
+
+
+def _slo_lines(rows) -> list[str]:
+    """One line: per level, each arm's SLO attainment and its exact one-sided lower bound (harness.judge.attainment);
+    nothing for a run without ``[slo]``."""
+    if not rows:
+        return []
+    several = len({Level.parse(row["level"]).regime for row in rows if Level.parse(row["level"])}) > 1
+    by_level: dict[str, list[str]] = {}
+    for row in rows:
+        parsed = Level.parse(row["level"])
+        where = parsed.label(regime=several) if parsed else row["level"]
+        by_level.setdefault(where, []).append(f"{row['arm']} {100 * row['share']:.1f} % (≥ {100 * row['lower']:.1f} %"
+                                              f", {row['good']}/{row['requests']})")
+    confidence = 100 * (1 - rows[0]["alpha"])
+    return [f"SLO attainment (requests meeting every objective of [slo]; exact one-sided {confidence:g} % lower "
+            "bound): " + "; ".join(f"{where}: {', '.join(arms)}" for where, arms in by_level.items()), ""]
 
 
 def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:

@@ -144,3 +144,4 @@ class VerdictDocument(_Open):
     notes: tuple[str, ...] = ()
     evaluated: bool = True                      # False: the data could not be read (no figures)
     correctness: tuple[CorrectnessCellDoc, ...] = ()   # token divergence and parity against the A/A envelope
+    slo: tuple[dict[str, Any], ...] = ()       # SLO attainment per arm and level (harness.judge.attainment)
