@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from harness.run import text_prompts
+from harness.run.gsm8k_data import AccuracyError
 from harness.run.scenario import REPO_ROOT, apply_overrides, find_scenario, load_scenario
 
 __all__ = ["UsageError", "CompareRequest", "CompareResult", "INTERRUPTED", "default_scenario", "build_plan", "run"]
@@ -106,6 +108,10 @@ def build_plan(request: CompareRequest, *, to_run: bool):
             raise UsageError('cluster.backend = "ray" needs Ray: pip install -e ".[ray]" (ray==2.60.0) on every node')
         plan = replace(plan_of(scenario, host, locate(scenario), auto_choice), scenario_file=source)
         builds.require(plan.arms)
+        try:
+            text_prompts.check_text_data(scenario)
+        except AccuracyError as error:
+            raise UsageError(f"the workload's gsm8k levels need GSM8K text: {error}") from None
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
         if refusals:
             raise PlanError("; ".join(refusals))

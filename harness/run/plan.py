@@ -20,6 +20,7 @@ from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
+from harness.run.text_prompts import TEXT_DATASETS, dataset_path
 
 BENCH_PERCENTILES = "50,99"
 
@@ -161,8 +162,7 @@ class Plan:
         return [
             "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", arm.model_path, "--served-model-name", served_model_name or arm.served_model_name, "--tokenizer", arm.tokenizer,
-            "--dataset-name", level["level"].dataset, "--random-input-len", str(level["level"].input_len),
-            "--random-output-len", str(level["level"].output_len), "--ignore-eos", "--temperature", "0",
+            *_dataset_args(level["level"], result_dir), "--ignore-eos", "--temperature", "0",
             "--seed", str(level["seed"]), "--num-prompts", str(level["num_prompts"]),
             "--max-concurrency", str(level.get("concurrency", level["level"].concurrency)), "--request-rate", "inf",
             "--num-warmups", str(self.scenario.workload.warmups),
@@ -171,6 +171,17 @@ class Plan:
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
             "--result-filename", level["result_filename"], "--disable-tqdm",
         ]
+
+
+def _dataset_args(level: Level, result_dir: Path) -> list[str]:
+    """The dataset flags of a level: vLLM's random dataset at its lengths, or a real-text dataset's prompts
+    (:mod:`harness.run.text_prompts`, beside ``result_dir`` in the run directory) through ``--dataset-name custom``
+    with the output length fixed and no chat template (the prompt is sent as the text it is)."""
+    if level.dataset in TEXT_DATASETS:
+        return ["--dataset-name", "custom", "--dataset-path", str(dataset_path(result_dir.parent, level.regime)),
+                "--custom-output-len", str(level.output_len), "--skip-chat-template"]
+    return ["--dataset-name", level.dataset, "--random-input-len", str(level.input_len),
+            "--random-output-len", str(level.output_len)]
 
 
 def pilot_raw_name(arm: str, level: Level) -> str:

@@ -28,6 +28,7 @@ from harness.rundir.store import RunDir
 from harness.run.load import LevelError, LoadClient, parse_bench_result, read_bench_json
 from harness.run.plan import ArmPlan, Plan, multi_node
 from harness.run.scenario import gates_tokens
+from harness.run import text_prompts
 from harness.run.start import now, schedule
 from harness.run.startup import startup_from_log
 from harness.run.server import RemoteServer, ServerError, VllmServer, free_port, request_successes
@@ -439,6 +440,25 @@ class Runner:
                     self.writer.update_level(arm, key, status=f"{schema.STOPPED}: budget: {key.level.label()} "
                                                               "left out of blocks 2 on (manifest budget)")
 
+    def _write_text_datasets(self) -> None:
+        """The prompts of every real-text regime (:mod:`harness.run.text_prompts`), written once into the run
+        directory before any level (a resumed run keeps its file): enough distinct prompts for the regime's largest
+        level with its warmups, cut with the first arm's tokenizer (both arms serve the same model)."""
+        work = self.plan.scenario.workload
+        for regime in self.plan.regimes():
+            path = text_prompts.dataset_path(self.run_dir, regime)
+            if regime.dataset not in text_prompts.TEXT_DATASETS or path.exists():
+                continue
+            from transformers import AutoTokenizer
+
+            count = max(self.plan.num_prompts(level) for level in work.levels() if level.regime == regime)
+            tokenizer = AutoTokenizer.from_pretrained(self.plan.arms[0].tokenizer)
+            texts = text_prompts.gsm8k_texts(text_prompts.text_data_dir(self.plan.scenario))
+            text_prompts.write_dataset(path, text_prompts.text_prompts(texts, tokenizer, regime.input_len,
+                                                                       count + work.warmups))
+            self.console.print(f"{regime.label()}: {count + work.warmups} prompts of {regime.input_len} tokens "
+                               f"written to {path.relative_to(self.run_dir)}")
+
     def run(self) -> run_manifest.RunManifest:
         """Run every scheduled level; returns the final manifest. Stops all children on every exit path."""
         started = time.monotonic()
@@ -457,6 +477,7 @@ class Runner:
         try:
             self._connect_cluster(client_env)
             self._drop_levels()
+            self._write_text_datasets()
             self._size_levels(order, clients)
             if is_duet and self.cluster is None:   # both imports done before the first step's two levels begin
                 duet.start_clients(clients, self.console)
