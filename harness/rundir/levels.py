@@ -13,7 +13,8 @@ __all__ = ["DATASETS", "Level", "LevelKey", "Regime", "level_regimes", "table_re
 DATASETS = ("random", "gsm8k")
 """The load datasets a level may use: ``random`` = ``vllm bench serve --dataset-name random`` (token ids drawn
 uniformly, ``--ignore-eos``: every request is exactly ``input_len`` in / ``output_len`` out); ``gsm8k`` = real text,
-GSM8K's problems cut to ``input_len`` tokens, sent through ``--dataset-name custom`` (:mod:`harness.run.text_prompts`)."""
+GSM8K's problems cut to ``input_len`` tokens, sent through ``--dataset-name custom``
+(:mod:`harness.run.text_prompts`)."""
 
 
 class Regime(NamedTuple):
