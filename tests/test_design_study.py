@@ -42,7 +42,8 @@ def _crafted(offsets, levels=(1, 4), block_s=100.0, rounds=2):
                                  "level": f"random-i64-o32-c{c}", "concurrency": c,
                                  "output_throughput": value})
                     end = pd.Timestamp("2026-12-01T10:00:00+00:00") + pd.Timedelta(seconds=block_s * (s + 1))
-                    done[f"random-i64-o32-c{c}-r{s * rounds + r}"] = {"status": "done", "session": s, "finished_at": end.isoformat()}
+                    done[f"random-i64-o32-c{c}-r{s * rounds + r}"] = {"status": "done", "session": s,
+                                                                      "finished_at": end.isoformat()}
         arms.append({"name": arm, "route": arm, "sessions": sessions, "levels": done})
     manifest = Manifest.model_validate({"run_id": "crafted", "scenario": {"workload": {"rounds_per_session": rounds}},
                                         "arms": arms})

@@ -126,6 +126,11 @@ class Plan:
         """The sweep's regimes (dataset, input and output length), each once, in sorted order."""
         return level_regimes(self.scenario.workload.levels())
 
+    def label(self, level: Level) -> str:
+        """How the terminal names ``level``: ``"c=4"``, with its regime (``"c=4 · 256→32 random"``) when the sweep
+        has several."""
+        return level.label(regime=len(self.regimes()) > 1)
+
     def bench_argv(self, arm: ArmPlan, key: LevelKey, base_url: str, result_dir: Path,
                    served_model_name: str | None = None) -> list[str]:
         """The ``vllm bench serve`` argv of one level's round (random dataset, the level's lengths,

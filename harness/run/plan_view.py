@@ -105,7 +105,7 @@ def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None, design: 
         lines += _arm_lines(arm, reasons=True)
         for key in plan.levels():
             argv = plan.bench_argv(arm, key, "http://127.0.0.1:<port>", Path("<run-dir>/raw"))
-            lines.append(f"  bench {key.level.label()} r={key.round}: {shlex.join(argv)}")
+            lines.append(f"  bench {plan.label(key.level)} r={key.round}: {shlex.join(argv)}")
     lines += [""] + _grid_lines(plan) + ["", estimate.line(), f"prior: {estimate.prior['source']}"]
     return "\n".join(lines) + "\n"
 

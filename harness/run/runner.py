@@ -295,7 +295,7 @@ class Runner:
         argv = self.plan.bench_argv(arm, LevelKey(level, round_no), server.base_url, raw_dir, server.served_model_name)
         total = self.plan.num_prompts(level) + self.plan.scenario.workload.warmups
         before = request_successes(server)
-        progress.update(task, description=f"{arm.name} {level.label()} r={round_no}", total=total, completed=0)
+        progress.update(task, description=f"{arm.name} {self.plan.label(level)} r={round_no}", total=total, completed=0)
 
         def tick() -> None:
             progress.update(task, completed=max(0.0, request_successes(server) - before))
@@ -317,8 +317,8 @@ class Runner:
         columns, unreadable = server_metrics.level_columns(bench)
         level_row.update(columns)
         if unreadable:
-            self.console.print(f"[yellow]{arm.name} {level.label()} r={round_no}: server /metrics columns left empty "
-                               f"({escape(unreadable)})[/]")
+            self.console.print(f"[yellow]{arm.name} {self.plan.label(level)} r={round_no}: server /metrics columns left "
+                               f"empty ({escape(unreadable)})[/]")
         level_row["client_cpu_util"] = round(reply["cpu_s"] / reply["wall_s"], 3) if reply.get("wall_s") else None
         level_row["host_steal_fraction"] = None if steal is None else round(steal, 4)
         level_row["load_avg_1m"] = host_load.read_load_1m()
@@ -327,7 +327,7 @@ class Runner:
         self.store.append_requests(request_rows)
         self.store.append_levels([level_row])
         progress.update(task, completed=total)
-        self.console.print(f"{arm.name} {level.label()} r={round_no}: {level_row['completed']} ok, "
+        self.console.print(f"{arm.name} {self.plan.label(level)} r={round_no}: {level_row['completed']} ok, "
                            f"{level_row['failed']} failed, {level_row['output_throughput']:.1f} output tok/s, "
                            f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
 
@@ -362,7 +362,7 @@ class Runner:
             self._run_level(client, self.arms_plan[name], server, level, round_no, progress, task)
         except (LevelError, ValueError) as error:
             status = f"failed: {error}"
-            self.console.print(f"[red]{name} {level.label()} r={round_no} failed: {escape(str(error))}[/]")
+            self.console.print(f"[red]{name} {self.plan.label(level)} r={round_no} failed: {escape(str(error))}[/]")
             dead = ("server died" if not server.alive() else None if self.options.continue_on_error
                     else "an earlier level failed (use --continue-on-error to go on)")
         with self.writer.lock:
@@ -437,7 +437,7 @@ class Runner:
             for key, level in self.writer.arm(arm).level_items():
                 if (str(key.level) in record.dropped and self.plan.block_of(key.round) > 0
                         and level.state != LevelState.DONE):
-                    self.writer.update_level(arm, key, status=f"{schema.STOPPED}: budget: {key.level.label()} "
+                    self.writer.update_level(arm, key, status=f"{schema.STOPPED}: budget: {self.plan.label(key.level)} "
                                                               "left out of blocks 2 on (manifest budget)")
 
     def _write_text_datasets(self) -> None:
