@@ -249,13 +249,14 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
     any dependence: a Bonferroni split over the ``K`` primary metrics, and within each metric Holm (1979) at ``α/K``
     over the family {the metric's pooled hypothesis per regime (:func:`_pooled`, the geometric mean over the regime's
     testable levels), each level}. The pooled hypothesis carries a loss spread thinly over a regime's levels, the
-    levels a loss confined to a few (a batch-1 decode regression): on 4 levels at sd 0.02, 8 sessions, a −10 % loss at one level is FAILed in
-    1.3 % of runs when the levels wait for the pooled test to reject first (the fixed sequence this replaces) and in
-    ≥ 80 % with Holm over the family (results/statistics/README.md), at the cost of testing a uniform loss's pooled
-    hypothesis at ``α/(K·(L+1))`` instead of ``α/K`` (a uniform loss also FAILs its levels).
+    levels a loss confined to a few (a batch-1 decode regression): on 4 levels at sd 0.02, 8 sessions, a −10 % loss
+    at one level is FAILed in 1.3 % of runs when the levels wait for the pooled test to reject first (the fixed
+    sequence this replaces) and in ≥ 80 % with Holm over the family (results/statistics/README.md), at the cost of
+    testing a uniform loss's pooled hypothesis at ``α/(K·(L+R))`` instead of ``α/K`` (``L`` levels, ``R`` regimes;
+    a uniform loss also FAILs its levels).
     The returned list holds the cells in order, then one pooled result per metric and regime with more than one
-    testable level (``pooled=True``). Intervals are shown at the level each cell was decided at (``α`` on the PASS side, its Holm
-    level on the FAIL side), so an interval never contradicts its cell.
+    testable level (``pooled=True``). Intervals are shown at the level each cell was decided at (``α`` on the PASS
+    side, its Holm level on the FAIL side), so an interval never contradicts its cell.
 
     Args:
         n_resamples, seed: override the policy's (simulations use fewer resamples and vary the seed).

@@ -4,6 +4,7 @@ Pure; re-exported by :mod:`harness.rundir.schema`."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -127,7 +128,7 @@ def workload_levels(workload: Any) -> set[Level]:
 
 def _whole_numbers(value: Any) -> list[int]:
     items = value if isinstance(value, list) else []
-    return [int(v) for v in items if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    return [int(v) for v in items if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and v >= 1 and v == int(v)]
 
 
