@@ -111,7 +111,7 @@ def build_plan(request: CompareRequest, *, to_run: bool):
         try:
             text_prompts.check_text_data(scenario)
         except AccuracyError as error:
-            raise UsageError(f"the workload's gsm8k levels need GSM8K text: {error}") from None
+            raise UsageError(str(error)) from None
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
         if refusals:
             raise PlanError("; ".join(refusals))

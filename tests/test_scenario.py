@@ -130,6 +130,7 @@ def test_an_include_cycle_is_one_line(tmp_path):
     ('input_len = 600\noutput_len = 32', "the longest level's input_len + output_len = 632 exceeds model.max_model_len"),
     ('input_len = "long"\noutput_len = 32', "workload.regimes.0.input_len"),
     ('input_len = 64\noutput_len = 32\nconcurrency = [0]', "concurrency levels must be ≥ 1"),
+    ('input_len = 64\noutput_len = 16\ndata_dir = "x"', "data_dir is for a real-text regime"),
 ])
 def test_a_bad_regime_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, regime, message):
     from harness.cli import main

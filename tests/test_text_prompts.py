@@ -59,10 +59,10 @@ def test_the_dataset_file_is_what_vllms_custom_dataset_reads_and_the_bench_comma
 
 def test_real_text_levels_without_text_are_refused_before_anything_starts(tmp_path, capsys):
     scenario = tmp_path / "text.toml"
-    scenario.write_text('include = "cpu-tiny-dsa"\nname = "text"\n\n[accuracy]\ntask = "gsm8k"\nlimit = 8\n'
-                        f'data_dir = "{tmp_path / "nowhere"}"\n\n[[workload.regimes]]\ninput_len = 128\n'
-                        'output_len = 32\ndataset = "gsm8k"\nconcurrency = [2]\n', encoding="utf-8")
+    scenario.write_text('include = "cpu-tiny-dsa"\nname = "text"\n\n[[workload.regimes]]\ninput_len = 128\n'
+                        f'output_len = 32\ndataset = "gsm8k"\nconcurrency = [2]\ndata_dir = "{tmp_path / "nowhere"}"\n',
+                        encoding="utf-8")
     assert main(["compare", "--scenario", str(scenario), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "gsm8k levels need GSM8K text" in err and "no such GSM8K data directory" in err
+    assert "128→32 gsm8k levels need GSM8K-format text" in err and "set data_dir in that [[workload.regimes]]" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()

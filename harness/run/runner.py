@@ -453,7 +453,7 @@ class Runner:
 
             count = max(self.plan.num_prompts(level) for level in work.levels() if level.regime == regime)
             tokenizer = AutoTokenizer.from_pretrained(self.plan.arms[0].tokenizer)
-            texts = text_prompts.gsm8k_texts(text_prompts.text_data_dir(self.plan.scenario))
+            texts = text_prompts.gsm8k_texts(text_prompts.text_data_dir(self.plan.scenario, regime))
             text_prompts.write_dataset(path, text_prompts.text_prompts(texts, tokenizer, regime.input_len,
                                                                        count + work.warmups))
             self.console.print(f"{regime.label()}: {count + work.warmups} prompts of {regime.input_len} tokens "

@@ -123,7 +123,9 @@ class RegimeSpec(_Frozen):
     """One more regime of the sweep (``[[workload.regimes]]``, issue #26): requests of ``input_len`` in and
     ``output_len`` out (tokens) from ``dataset`` at each of ``concurrency`` (None = the workload's own list), in the
     same run, session blocks and verdict as the workload's own regime. ``min_prompts`` and
-    ``prompts_per_concurrency`` (None = the workload's) size its levels as the workload's do."""
+    ``prompts_per_concurrency`` (None = the workload's) size its levels as the workload's do. ``data_dir`` (real
+    text only; relative to the repository): the GSM8K-format folder its prompts are cut from (None:
+    ``../shared/data/gsm8k``; :mod:`harness.run.text_prompts`)."""
 
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=1)
@@ -131,11 +133,19 @@ class RegimeSpec(_Frozen):
     concurrency: tuple[int, ...] | None = None
     min_prompts: int | None = Field(default=None, gt=0)
     prompts_per_concurrency: int | None = Field(default=None, gt=0)
+    data_dir: str | None = None
 
     @field_validator("concurrency")
     @classmethod
     def _positive_levels(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
         return None if value is None else _concurrency_levels(value)
+
+    @model_validator(mode="after")
+    def _data_for_text(self) -> "RegimeSpec":
+        if self.data_dir is not None and self.dataset == "random":
+            raise ValueError("data_dir is for a real-text regime (dataset = \"gsm8k\"); the random dataset needs "
+                             "none: drop it")
+        return self
 
 
 def _concurrency_levels(value: tuple[int, ...]) -> tuple[int, ...]:

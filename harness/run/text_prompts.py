@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from harness.run.gsm8k_data import DEFAULT_DATA_DIR, check_data_dir
+from harness.run.gsm8k_data import DEFAULT_DATA_DIR, AccuracyError, check_data_dir
 from harness.run.scenario import REPO_ROOT, Scenario
 from harness.rundir.store import atomic_write_text
 from harness.rundir.schema import Regime
@@ -36,13 +36,14 @@ def dataset_path(run_dir: Path, regime: Regime) -> Path:
     return run_dir / DATASETS_DIR / f"{regime}.jsonl"
 
 
-def text_data_dir(scenario: Scenario) -> Path:
-    """Where a scenario's real text comes from: ``accuracy.data_dir`` when it sets one (relative to the repository,
-    as GSM8K's own data dir is read), else the default ``../shared/data/gsm8k``
+def text_data_dir(scenario: Scenario, regime: Regime) -> Path:
+    """Where a real-text regime's text comes from: its ``[[workload.regimes]]`` entry's ``data_dir`` (relative to the
+    repository, as GSM8K's own data dir is read), else the default ``../shared/data/gsm8k``
     (:data:`~harness.run.gsm8k_data.DEFAULT_DATA_DIR`)."""
-    if not scenario.accuracy.data_dir:
+    spec = scenario.workload.regime_spec(regime.at(1))
+    if spec is None or spec.data_dir is None:
         return DEFAULT_DATA_DIR
-    path = Path(scenario.accuracy.data_dir).expanduser()
+    path = Path(spec.data_dir).expanduser()
     return path if path.is_absolute() else REPO_ROOT / path
 
 
@@ -50,10 +51,17 @@ def check_text_data(scenario: Scenario) -> None:
     """Refuse a scenario whose real-text levels have no text to cut (before anything starts).
 
     Raises:
-        AccuracyError: a ``gsm8k`` regime and a data directory that is missing or malformed (one line naming it).
+        AccuracyError: a ``gsm8k`` regime whose data directory is missing or malformed (one line naming it and the
+            key that sets it).
     """
-    if any(level.dataset in TEXT_DATASETS for level in scenario.workload.levels()):
-        check_data_dir(text_data_dir(scenario))
+    for regime in {level.regime for level in scenario.workload.levels() if level.dataset in TEXT_DATASETS}:
+        folder = text_data_dir(scenario, regime)
+        try:
+            check_data_dir(folder)
+        except AccuracyError as error:
+            raise AccuracyError(f"{regime.label()} levels need GSM8K-format text and {folder} has none "
+                                f"({str(error).split(';')[0]}); set data_dir in that [[workload.regimes]] entry to "
+                                f"a folder with train.jsonl and test.jsonl") from None
 
 
 def gsm8k_texts(data_dir: str | Path) -> list[str]:
