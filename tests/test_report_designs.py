@@ -106,8 +106,8 @@ def test_the_design_is_chosen_by_this_machines_study_or_says_whose(tmp_path):
         "the study of cpu-2cpu-intel-r-xeon-r-processor, measured 2026-12-04, found sequential-1r cheapest; this run "
         "ran the scenario's design concurrent-pinned")
     assert designs.design_choice(XEON, None, tmp_path / "none").startswith(
-        "no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's design its own "
-        "settings (no design-study design); make one with")
+        "no study of this machine (cpu, Intel(R) Xeon(R) Processor, 2 CPUs); ran the scenario's own settings (no "
+        "design-study design); make one with")
 
 
 def test_the_report_and_the_plan_say_which_machines_study_chose_the_design(run_dir, tmp_path, monkeypatch, capsys):
@@ -131,3 +131,14 @@ def test_the_report_and_the_plan_say_which_machines_study_chose_the_design(run_d
     assert line == "run design: " + designs.design_choice(host, "concurrent-pinned")
     assert cli.main(["plan", "--scenario", "cpu-tiny-dsa", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["design"] == line.removeprefix("run design: ")
+
+
+def test_the_next_step_never_advises_the_design_the_run_already_ran():
+    """The review of 2026-12-04: a run of concurrent-pinned was told concurrent-pinned "would be cheaper"."""
+    from harness.render.answer import _cheaper_design
+
+    study = {"cheapest": "concurrent-pinned", "rows": [{"design": "concurrent-pinned", "cost_s": 0.0083}]}
+    assert _cheaper_design({"study": study, "design": "concurrent-pinned"}, 4.6) == ""
+    assert _cheaper_design({"study": study, "design": "sequential-1r"}, 4.6).startswith(
+        "the design concurrent-pinned would be cheaper: 0.0083")
+    assert _cheaper_design({"study": study, "design": None}, 0.001) == ""        # the run was cheaper itself

@@ -216,9 +216,11 @@ def _inconclusive_step(verdict: Mapping[str, Any], rows: Sequence[ForestRow], de
 
 
 def _cheaper_design(designs: Mapping[str, Any] | None, cost_s: float | None) -> str:
-    """``"the design concurrent-pinned costs 0.0083 sd²·s per decision on this machine (this run: 7.0)"``, or ""."""
+    """``"the design concurrent-pinned costs 0.0083 sd²·s per decision on this machine (this run: 7.0)"``, or "" —
+    also when the run already ran that design (its cost then differs by the run's own noise and levels, not by the
+    design)."""
     study = (designs or {}).get("study") if isinstance(designs, Mapping) else None
-    if not isinstance(study, Mapping) or not study.get("cheapest"):
+    if not isinstance(study, Mapping) or not study.get("cheapest") or study["cheapest"] == designs.get("design"):
         return ""
     row = next((r for r in study.get("rows") or [] if r.get("design") == study.get("cheapest")), None)
     best = _number(row.get("cost_s")) if row else None

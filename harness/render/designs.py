@@ -53,19 +53,19 @@ def design_choice(machine: Mapping[str, Any], design: str | None, study_dir: Pat
     """Which machine's study chose the run design ``design`` (the scenario's ``design``), in one line for the plan and
     the report: chosen by this machine's study; this machine's study found another cheapest; or no study of this
     machine (and which other machine's study chose it), with the command that makes one."""
-    ran = design or "its own settings (no design-study design)"
+    ran = f"the scenario's design {design}" if design else "the scenario's own settings (no design-study design)"
     found = measured_study(machine, study_dir)
     if found is not None:
         path, document = found
         cheapest = document.get("cheapest")
         if design is not None and cheapest == design:
             return f"design {design} chosen by {_study_words(path, document)} (results/design-study/{path.name})"
-        return (f"{_study_words(path, document)}, found {cheapest} cheapest; this run ran the scenario's design "
-                f"{ran} — set the scenario's design and overrides to {cheapest}'s "
+        return (f"{_study_words(path, document)}, found {cheapest} cheapest; this run ran {ran} — set the "
+                f"scenario's design and overrides to {cheapest}'s "
                 f"(results/design-study/{path.name})")
     chooser = next((_study_words(path, doc) for path, doc in _studies(study_dir)
                     if design is not None and doc.get("cheapest") == design), None)
-    return (f"no study of this machine ({_machine_words(machine)}); ran the scenario's design {ran}"
+    return (f"no study of this machine ({_machine_words(machine)}); ran {ran}"
             + (f", chosen by {chooser}" if chooser else "") + f"; make one with {MEASURE_COMMAND}")
 
 
@@ -120,4 +120,5 @@ def designs_section(manifest: Manifest, verdict: Any, study_dir: Path | None = N
     return {"machine": f"{platform.name}, {platform.device or 'unknown device'}, {platform.cpu_count} CPUs",
             "study": study, "this_run": noise if isinstance(noise, Mapping) else None,
             "ran": design_ran(manifest), "elsewhere": elsewhere, "command": MEASURE_COMMAND,
-            "choice": design_choice(platform.identity(), manifest.scenario_value("design"), study_dir)}
+            "choice": design_choice(platform.identity(), manifest.scenario_value("design"), study_dir),
+            "design": manifest.scenario_value("design")}

@@ -39,7 +39,7 @@ def render(view: VerdictView) -> str:
                   f"{view.run_dir}`) and gate again."]
         return "\n".join(lines) + "\n"
     lines += _level_table(view)
-    lines += _pooled_lines(document.pooled)
+    lines += _pooled_lines(document.pooled, len({c.regime for c in document.cells if c.regime}))
     lines += _slo_lines(document.slo)
     accuracy = view.cell_map().get(("gsm8k_accuracy", None))
     if accuracy is not None:
@@ -100,12 +100,12 @@ def pooled_result(cell: VerdictCell) -> str:
     return "not rejected" if cell.delta is not None else "not tested"
 
 
-def _pooled_lines(pooled) -> list[str]:
+def _pooled_lines(pooled, regimes: int = 1) -> list[str]:
     """One line: each metric's pooled hypothesis per regime (geometric mean of the per-level ratios), tested for
-    FAIL with the levels."""
+    FAIL with the levels; each names its regime when the run has ``regimes`` > 1 (a one-level regime has none)."""
     if not pooled:
         return []
-    several = len({c.regime for c in pooled}) > 1
+    several = regimes > 1 or len({c.regime for c in pooled}) > 1
     return ["Pooled over each regime's levels (geometric mean of the per-level ratios; tested for FAIL with the "
             "levels, Holm): " + "; ".join(
                 f"{c.label}{_regime_text(c) if several else ''} {delta_text(c)} (margin {c.margin:+g} %) "

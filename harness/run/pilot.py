@@ -14,7 +14,7 @@ wave of requests full — capped where the planned time ``d · n' / n`` would ex
 level is a closed loop at fixed concurrency), so a level's duration grows linearly with its count.
 
 The pilot is not a measurement: its levels are not in ``levels.csv``; their raw JSON stays in ``raw/`` as
-``pilot-<arm>-c<c>.json`` (:func:`harness.run.plan.pilot_raw_name`). It does warm the first server a little more than
+``pilot-<arm>-<level>.json`` (:func:`harness.run.plan.pilot_raw_name`). It does warm the first server a little more than
 the other arm's first session (a few extra requests of other prompts before the first measured level's own warmups).
 """
 

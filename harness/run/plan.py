@@ -20,7 +20,7 @@ from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
-from harness.run.text_prompts import TEXT_DATASETS, dataset_path
+from harness.rundir.levels import TEXT_DATASETS, dataset_path
 
 BENCH_PERCENTILES = "50,99"
 

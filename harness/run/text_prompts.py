@@ -21,20 +21,10 @@ from typing import Any, Sequence
 from harness.run.gsm8k_data import DEFAULT_DATA_DIR, AccuracyError, check_data_dir
 from harness.run.scenario import REPO_ROOT, Scenario
 from harness.rundir.store import atomic_write_text
-from harness.rundir.schema import Regime
+from harness.rundir.levels import DATASETS_DIR, TEXT_DATASETS, Regime, dataset_path
 
 __all__ = ["DATASETS_DIR", "TEXT_DATASETS", "check_text_data", "dataset_path", "gsm8k_texts", "text_data_dir",
            "text_prompts", "write_dataset"]
-
-DATASETS_DIR = "datasets"
-TEXT_DATASETS = ("gsm8k",)
-"""The level datasets that are real text (the rest are vLLM's own: ``random``)."""
-
-
-def dataset_path(run_dir: Path, regime: Regime) -> Path:
-    """Where the prompts of ``regime`` live in a run directory: ``<run_dir>/datasets/<regime>.jsonl``."""
-    return run_dir / DATASETS_DIR / f"{regime}.jsonl"
-
 
 def text_data_dir(scenario: Scenario, regime: Regime) -> Path:
     """Where a real-text regime's text comes from: its ``[[workload.regimes]]`` entry's ``data_dir`` (relative to the

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["DATASETS", "Level", "LevelKey", "Regime", "level_regimes", "table_regime", "workload_levels"]
+__all__ = ["DATASETS", "DATASETS_DIR", "Level", "LevelKey", "Regime", "TEXT_DATASETS", "dataset_path", "level_regimes",
+           "table_regime", "workload_levels"]
 
 
 DATASETS = ("random", "gsm8k")
@@ -16,6 +18,17 @@ DATASETS = ("random", "gsm8k")
 uniformly, ``--ignore-eos``: every request is exactly ``input_len`` in / ``output_len`` out); ``gsm8k`` = real text,
 GSM8K's problems cut to ``input_len`` tokens, sent through ``--dataset-name custom``
 (:mod:`harness.run.text_prompts`)."""
+
+
+TEXT_DATASETS = ("gsm8k",)
+"""The level datasets that are real text, written into the run directory (:func:`dataset_path`); the rest are
+vLLM's own (``random``)."""
+DATASETS_DIR = "datasets"
+
+
+def dataset_path(run_dir: Path, regime: Regime) -> Path:
+    """Where the prompts of a real-text ``regime`` live in a run directory: ``<run_dir>/datasets/<regime>.jsonl``."""
+    return run_dir / DATASETS_DIR / f"{regime}.jsonl"
 
 
 class Regime(NamedTuple):
