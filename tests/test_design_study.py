@@ -191,7 +191,8 @@ def test_a_library_found_nowhere_skips_its_design_and_one_found_is_preloaded(tmp
     assert find_library(["libno-such-allocator.so.9"]) is None
 
 
-def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monkeypatch, capsys):
+def _recorded_compares(tmp_path, monkeypatch) -> list:
+    """``compare.run`` replaced by a copy of the recording per call; returns the list of requests it receives."""
     seen = []
 
     def fake_compare(request):
@@ -201,6 +202,11 @@ def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monke
         return compare.CompareResult(exit_code=0, run_dir=run_dir)
 
     monkeypatch.setattr(compare, "run", fake_compare)
+    return seen
+
+
+def test_run_makes_gated_aa_compares_with_each_designs_overrides(tmp_path, monkeypatch, capsys):
+    seen = _recorded_compares(tmp_path, monkeypatch)
     code = design_study.main(["run", "--designs", "sequential-1r,sequential-4r,warmups-8", "--blocks", "3",
                               "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
@@ -260,15 +266,7 @@ def test_the_median_pooled_spread_takes_the_median_per_level_not_over_all_levels
 
 def test_calibrate_runs_the_files_calibrate_designs_briefly_into_this_machines_study(tmp_path, monkeypatch, capsys):
     """Issue #27 item 3: a machine's first study is short — the file's ``calibrate`` designs, 3 blocks each."""
-    seen = []
-
-    def fake_compare(request):
-        run_dir = tmp_path / "out" / "runs" / f"run{len(seen)}"
-        shutil.copytree(RECORDING, run_dir)
-        seen.append(request)
-        return compare.CompareResult(exit_code=0, run_dir=run_dir)
-
-    monkeypatch.setattr(compare, "run", fake_compare)
+    seen = _recorded_compares(tmp_path, monkeypatch)
     assert design_study.main(["calibrate", "--out", str(tmp_path / "out")]) == 0
     capsys.readouterr()
     shipped = read_designs()

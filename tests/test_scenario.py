@@ -135,11 +135,7 @@ def test_an_include_cycle_is_one_line(tmp_path):
 def test_a_bad_regime_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, regime, message):
     from harness.cli import main
 
-    path = tmp_path / "bad.toml"
-    path.write_text(f'include = "cpu-tiny-dsa"\nname = "bad"\n\n[[workload.regimes]]\n{regime}\n', encoding="utf-8")
-    assert main(["plan", "--scenario", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert message in err and len(err.strip().splitlines()) == 1
+    path = _planned_in_one_line(tmp_path, capsys, f"[[workload.regimes]]\n{regime}", message)
     assert main(["compare", "--scenario", str(path), "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()
 
@@ -147,13 +143,20 @@ def test_a_bad_regime_is_one_line_and_exit_2_before_anything_starts(tmp_path, ca
 @pytest.mark.parametrize("slo, message", [('ttft_ms = "fast"', "slo.ttft_ms"), ("tpot_ms = -5", "slo.tpot_ms"),
                                           ("itl_ms = 5", "slo.itl_ms")])
 def test_an_slo_that_is_not_a_positive_number_of_ms_is_one_line_and_exit_2(tmp_path, capsys, slo, message):
+    _planned_in_one_line(tmp_path, capsys, f"[slo]\n{slo}", message)
+
+
+def _planned_in_one_line(tmp_path, capsys, table: str, message: str):
+    """A variant of the default with ``table`` appended: ``dsa-bench plan`` refuses it in one line naming ``message``
+    (exit 2); returns the variant's path."""
     from harness.cli import main
 
     path = tmp_path / "bad.toml"
-    path.write_text(f'include = "cpu-tiny-dsa"\nname = "bad"\n\n[slo]\n{slo}\n', encoding="utf-8")
+    path.write_text(f'include = "cpu-tiny-dsa"\nname = "bad"\n\n{table}\n', encoding="utf-8")
     assert main(["plan", "--scenario", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+    return path
 
 
 def test_slos_reach_vllms_bench_client_as_goodput_pairs():
