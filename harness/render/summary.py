@@ -41,6 +41,7 @@ def render(view: VerdictView) -> str:
     lines += _level_table(view)
     lines += _pooled_lines(document.pooled, len({c.regime for c in document.cells if c.regime}))
     lines += _slo_lines(document.slo)
+    lines += _prefix_cache_lines(document.prefix_cache)
     accuracy = view.cell_map().get(("gsm8k_accuracy", None))
     if accuracy is not None:
         lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
@@ -122,16 +123,33 @@ def _slo_lines(rows) -> list[str]:
     nothing for a run without ``[slo]``."""
     if not rows:
         return []
+    confidence = 100 * (1 - rows[0]["alpha"])
+    return [f"SLO attainment (requests meeting every objective of [slo]; exact one-sided {confidence:g} % lower "
+            "bound): " + _per_level(rows, lambda row: f"{100 * row['share']:.1f} % (≥ {100 * row['lower']:.1f} %, "
+                                                      f"{row['good']}/{row['requests']})"), ""]
+
+
+def _prefix_cache_lines(rows) -> list[str]:
+    """One line: per level where an arm found a cached prompt token, each arm's prefix-cache hit rate
+    (harness.judge.prefix_cache); nothing where no level hit the cache."""
+    hit = {row["level"] for row in rows if row["hits"]}
+    rows = [row for row in rows if row["level"] in hit]
+    if not rows:
+        return []
+    return ["Prefix-cache hit rate (prompt tokens found cached / looked up, each arm's /metrics; not gated): "
+            + _per_level(rows, lambda row: f"{100 * row['rate']:.1f} % ({row['hits']}/{row['queries']} tokens)"), ""]
+
+
+def _per_level(rows, text) -> str:
+    """``"<level>: <arm> <text(row)>, …; …"`` over per-arm rows with a ``level`` id, the regime in the label only
+    when the rows span several."""
     several = len({Level.parse(row["level"]).regime for row in rows if Level.parse(row["level"])}) > 1
     by_level: dict[str, list[str]] = {}
     for row in rows:
         parsed = Level.parse(row["level"])
         where = parsed.label(regime=several) if parsed else row["level"]
-        by_level.setdefault(where, []).append(f"{row['arm']} {100 * row['share']:.1f} % (≥ {100 * row['lower']:.1f} %"
-                                              f", {row['good']}/{row['requests']})")
-    confidence = 100 * (1 - rows[0]["alpha"])
-    return [f"SLO attainment (requests meeting every objective of [slo]; exact one-sided {confidence:g} % lower "
-            "bound): " + "; ".join(f"{where}: {', '.join(arms)}" for where, arms in by_level.items()), ""]
+        by_level.setdefault(where, []).append(f"{row['arm']} {text(row)}")
+    return "; ".join(f"{where}: {', '.join(arms)}" for where, arms in by_level.items())
 
 
 def _gsm8k_line(cell: VerdictCell, gsm8k_filter: str) -> str:

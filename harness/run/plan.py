@@ -19,8 +19,8 @@ from dsa_route import routing, serve_path
 from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
-from harness.run.scenario import Scenario, resolve_path
-from harness.rundir.levels import TEXT_DATASETS, dataset_path
+from harness.run.scenario import RegimeSpec, Scenario, resolve_path
+from harness.rundir.levels import PREFIX_DATASET, TEXT_DATASETS, dataset_path
 
 BENCH_PERCENTILES = "50,99"
 
@@ -103,7 +103,8 @@ class Plan:
     def num_prompts(self, level: Level) -> int:
         """Requests per measured round of ``level`` (warmups excluded): the pilot's count where one set it
         (:meth:`with_prompt_counts`), else ``workload.num_prompts``."""
-        return dict(self.prompt_counts).get(level, self.scenario.workload.num_prompts(level))
+        work = self.scenario.workload
+        return work.whole_prefix_groups(level, dict(self.prompt_counts).get(level, work.num_prompts(level)))
 
     def with_prompt_counts(self, counts: dict[Level, int]) -> "Plan":
         """This plan with every round of each level sending ``counts[level]`` prompts (both arms)."""
@@ -167,7 +168,8 @@ class Plan:
         return [
             "vllm", "bench", "serve", "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
             "--model", arm.model_path, "--served-model-name", served_model_name or arm.served_model_name, "--tokenizer", arm.tokenizer,
-            *_dataset_args(level["level"], result_dir), "--ignore-eos", "--temperature", "0",
+            *_dataset_args(level["level"], self.scenario.workload.regime_spec(level["level"]), result_dir),
+            "--ignore-eos", "--temperature", "0",
             "--seed", str(level["seed"]), "--num-prompts", str(level["num_prompts"]),
             "--max-concurrency", str(level.get("concurrency", level["level"].concurrency)), "--request-rate", "inf",
             "--num-warmups", str(self.scenario.workload.warmups),
@@ -178,13 +180,20 @@ class Plan:
         ]
 
 
-def _dataset_args(level: Level, result_dir: Path) -> list[str]:
-    """The dataset flags of a level: vLLM's random dataset at its lengths, or a real-text dataset's prompts
+def _dataset_args(level: Level, spec: RegimeSpec | None, result_dir: Path) -> list[str]:
+    """The dataset flags of a level: vLLM's random dataset at its lengths; a real-text dataset's prompts
     (:mod:`harness.run.text_prompts`, beside ``result_dir`` in the run directory) through ``--dataset-name custom``
-    with the output length fixed and no chat template (the prompt is sent as the text it is)."""
+    with the output length fixed and no chat template (the prompt is sent as the text it is); or vLLM's
+    ``prefix_repetition`` with the regime's (``spec``'s) shared prefix and ``input_len − prefix_len`` tokens of each
+    prompt's own (``vllm/benchmarks/datasets/datasets.py`` ``--prefix-repetition-*``)."""
     if level.dataset in TEXT_DATASETS:
         return ["--dataset-name", "custom", "--dataset-path", str(dataset_path(result_dir.parent, level.regime)),
                 "--custom-output-len", str(level.output_len), "--skip-chat-template"]
+    if level.dataset == PREFIX_DATASET:
+        return ["--dataset-name", PREFIX_DATASET, "--prefix-repetition-prefix-len", str(spec.prefix_len),
+                "--prefix-repetition-suffix-len", str(level.input_len - spec.prefix_len),
+                "--prefix-repetition-num-prefixes", str(spec.num_prefixes),
+                "--prefix-repetition-output-len", str(level.output_len)]
     return ["--dataset-name", level.dataset, "--random-input-len", str(level.input_len),
             "--random-output-len", str(level.output_len)]
 

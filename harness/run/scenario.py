@@ -17,6 +17,7 @@ from harness.judge.policy import GatePolicy
 from harness.run.cluster_spec import ClusterSpec
 from harness.run.spec_base import Frozen as _Frozen, one_of as _one_of
 from harness.rundir.files import first_error
+from harness.rundir.levels import PREFIX_DATASET
 from harness.rundir.schema import DATASETS, Level, Regime
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +126,10 @@ class RegimeSpec(_Frozen):
     same run, session blocks and verdict as the workload's own regime. ``min_prompts`` and
     ``prompts_per_concurrency`` (None = the workload's) size its levels as the workload's do. ``data_dir`` (real
     text only; relative to the repository): the GSM8K-format folder its prompts are cut from (None:
-    ``../shared/data/gsm8k``; :mod:`harness.run.text_prompts`)."""
+    ``../shared/data/gsm8k``; :mod:`harness.run.text_prompts`). ``prefix_len`` and ``num_prefixes`` (prefix reuse,
+    ``dataset = "prefix_repetition"`` only, and ``prefix_len`` required there): each of ``num_prefixes`` random
+    prefixes of ``prefix_len`` tokens opens an equal share of the level's prompts, followed by ``input_len −
+    prefix_len`` tokens of the prompt's own (vLLM's ``--prefix-repetition-*`` flags)."""
 
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=1)
@@ -134,6 +138,8 @@ class RegimeSpec(_Frozen):
     min_prompts: int | None = Field(default=None, gt=0)
     prompts_per_concurrency: int | None = Field(default=None, gt=0)
     data_dir: str | None = None
+    prefix_len: int | None = Field(default=None, gt=0)
+    num_prefixes: int = Field(default=1, gt=0)
 
     @field_validator("concurrency")
     @classmethod
@@ -145,6 +151,19 @@ class RegimeSpec(_Frozen):
         if self.data_dir is not None and self.dataset == "random":
             raise ValueError("data_dir is for a real-text regime (dataset = \"gsm8k\"); the random dataset needs "
                              "none: drop it")
+        return self
+
+    @model_validator(mode="after")
+    def _prefix_fits(self) -> "RegimeSpec":
+        if self.dataset != PREFIX_DATASET:
+            if self.prefix_len is not None or self.num_prefixes != 1:
+                raise ValueError(f"prefix_len and num_prefixes are for a prefix-reuse regime: set dataset = "
+                                 f"\"{PREFIX_DATASET}\" or drop them")
+            return self
+        if self.prefix_len is None or self.prefix_len >= self.input_len:
+            raise ValueError(f"a {PREFIX_DATASET} regime needs prefix_len, the tokens its prompts share, between 1 "
+                             f"and input_len − 1 = {self.input_len - 1} (got {self.prefix_len}), e.g. prefix_len = "
+                             f"{self.input_len * 3 // 4}")
         return self
 
 
@@ -233,6 +252,14 @@ class WorkloadSpec(_Frozen):
                              f"[[workload.regimes]] entry); merge their concurrency lists into one")
         return self
 
+    @model_validator(mode="after")
+    def _own_regime_plain(self) -> "WorkloadSpec":
+        if self.dataset == PREFIX_DATASET:
+            raise ValueError(f"workload.dataset = \"{PREFIX_DATASET}\" needs a prefix_len: declare the prefix-reuse "
+                             f"levels as a [[workload.regimes]] entry with dataset = \"{PREFIX_DATASET}\" and "
+                             f"prefix_len")
+        return self
+
     def levels(self) -> tuple[Level, ...]:
         """Every level of the sweep: the workload's regime at each of its concurrencies, then each regime's."""
         own = Regime(self.dataset, self.input_len, self.output_len)
@@ -253,9 +280,18 @@ class WorkloadSpec(_Frozen):
         return least, per
 
     def num_prompts(self, level: Level) -> int:
-        """Requests sent at ``level`` (warmups excluded): ``max(min_prompts, prompts_per_concurrency × c)``."""
+        """Requests sent at ``level`` (warmups excluded): ``max(min_prompts, prompts_per_concurrency × c)``, in whole
+        prefix groups (:meth:`whole_prefix_groups`)."""
         least, per = self.prompt_rule(level.regime)
-        return max(least, per * level.concurrency)
+        return self.whole_prefix_groups(level, max(least, per * level.concurrency))
+
+    def whole_prefix_groups(self, level: Level, count: int) -> int:
+        """``count`` rounded up to a multiple of the level's ``num_prefixes`` for a prefix-reuse level (vLLM sends
+        ``num_prefixes × (num_prompts // num_prefixes)`` of them: ``PrefixRepetitionRandomDataset.sample``), so
+        every prefix opens as many prompts and the level sends exactly ``count``; ``count`` itself otherwise."""
+        spec = self.regime_spec(level)
+        groups = spec.num_prefixes if spec is not None and spec.dataset == PREFIX_DATASET else 1
+        return -(-count // groups) * groups
 
     def longest_request(self) -> int:
         """The most tokens one request of the sweep needs (input + output), over every regime."""

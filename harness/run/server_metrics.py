@@ -20,6 +20,9 @@ Prometheus text summed over every label set: engines, model names, finish reason
     vllm:iteration_tokens_total                 one observation per engine step that emitted output
                                                 (prefill + generated tokens of that step)
     vllm:generation_tokens_total (counter)      generated tokens emitted
+    vllm:prefix_cache_queries_total (counter)   prompt tokens looked up in the prefix cache (scheduler, per
+                                                request scheduled)
+    vllm:prefix_cache_hits_total (counter)      of those, tokens found cached (whole blocks)
 
 Per window (``Δ`` = after − before)::
 
@@ -29,6 +32,14 @@ Per window (``Δ`` = after − before)::
     engine_steps           = Δ vllm:iteration_tokens_total_count
     engine_steps_per_s     = engine_steps / duration_s              (duration_s: the bench's measured duration)
     tokens_per_step        = server_generation_tokens / engine_steps
+    prefix_cache_queries   = Δ vllm:prefix_cache_queries_total     (tokens)
+    prefix_cache_hits      = Δ vllm:prefix_cache_hits_total        (tokens)
+    prefix_cache_hit_rate  = prefix_cache_hits / prefix_cache_queries   (0..1; None: no query in the window)
+
+The prefix-cache hit rate is each arm's own (issue #26): two paths that serve the same prompts but cache differently
+(block size, a cache the candidate disables, a hash that misses) show different rates at a ``prefix_repetition``
+level. vLLM counts both in tokens (``v1/metrics/stats.py`` ``PrefixCacheStats``, recorded by ``loggers.py``
+``PrometheusStatLogger.record``); a random-ids level shows ≈ 0.
 
 Server TPOT vs the client's: vLLM's server TPOT of a request is ``decode_time / (num_generation_tokens − 1)`` with
 ``decode_time`` = last token's engine timestamp − first token's (``v1/metrics/stats.py``
@@ -71,9 +82,12 @@ TIMING_HISTOGRAMS: dict[str, str] = {
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 STEP_HISTOGRAM = "vllm:iteration_tokens_total"
 REQUEST_HISTOGRAM = "vllm:e2e_request_latency_seconds"
+PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"
 
 LEVEL_COLUMNS: tuple[str, ...] = (*TIMING_HISTOGRAMS, "server_requests", "server_generation_tokens", "engine_steps",
-                                  "engine_steps_per_s", "tokens_per_step")
+                                  "engine_steps_per_s", "tokens_per_step", "prefix_cache_queries", "prefix_cache_hits",
+                                  "prefix_cache_hit_rate")
 """Columns :func:`level_fields` fills (declared in :class:`harness.rundir.schema.LevelRow`)."""
 
 
@@ -138,6 +152,9 @@ def window(before_text: str, after_text: str, duration_s: float | None) -> dict[
     fields["engine_steps"] = _count(steps)
     fields["engine_steps_per_s"] = ratio(steps, duration_s if duration_s and duration_s > 0 else None)
     fields["tokens_per_step"] = ratio(tokens, steps)
+    queries, hits = _delta(before, after, PREFIX_CACHE_QUERIES), _delta(before, after, PREFIX_CACHE_HITS)
+    fields["prefix_cache_queries"], fields["prefix_cache_hits"] = _count(queries), _count(hits)
+    fields["prefix_cache_hit_rate"] = ratio(hits, queries)
     return fields
 
 

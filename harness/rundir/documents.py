@@ -145,3 +145,4 @@ class VerdictDocument(_Open):
     evaluated: bool = True                      # False: the data could not be read (no figures)
     correctness: tuple[CorrectnessCellDoc, ...] = ()   # token divergence and parity against the A/A envelope
     slo: tuple[dict[str, Any], ...] = ()       # SLO attainment per arm and level (harness.judge.attainment)
+    prefix_cache: tuple[dict[str, Any], ...] = ()   # prefix-cache hit rate per arm and level (harness.judge.prefix_cache)

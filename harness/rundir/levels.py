@@ -9,15 +9,19 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["DATASETS", "DATASETS_DIR", "Level", "LevelKey", "Regime", "TEXT_DATASETS", "dataset_path", "level_regimes",
-           "table_regime", "workload_levels"]
+__all__ = ["DATASETS", "DATASETS_DIR", "Level", "LevelKey", "PREFIX_DATASET", "Regime", "TEXT_DATASETS", "dataset_path",
+           "level_regimes", "table_regime", "workload_levels"]
 
 
-DATASETS = ("random", "gsm8k")
+PREFIX_DATASET = "prefix_repetition"
+DATASETS = ("random", "gsm8k", PREFIX_DATASET)
 """The load datasets a level may use: ``random`` = ``vllm bench serve --dataset-name random`` (token ids drawn
 uniformly, ``--ignore-eos``: every request is exactly ``input_len`` in / ``output_len`` out); ``gsm8k`` = real text,
 GSM8K's problems cut to ``input_len`` tokens, sent through ``--dataset-name custom``
-(:mod:`harness.run.text_prompts`)."""
+(:mod:`harness.run.text_prompts`); ``prefix_repetition`` = vLLM's prefix-reuse dataset (random ids; each of the
+regime's ``num_prefixes`` prefixes of ``prefix_len`` tokens is shared by an equal share of the level's prompts, each
+prompt ``input_len`` tokens in all: ``vllm/benchmarks/datasets/datasets.py`` ``PrefixRepetitionRandomDataset``), where
+each arm's prefix-cache hit rate is read from its ``/metrics`` (:mod:`harness.run.server_metrics`)."""
 
 
 TEXT_DATASETS = ("gsm8k",)

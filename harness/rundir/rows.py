@@ -28,7 +28,8 @@ class LevelRow(_Record):
     the server's TPOT is its decode time / (tokens − 1) per request), ``server_requests`` finished requests,
     ``server_generation_tokens`` generated tokens, ``engine_steps`` engine steps that emitted output,
     ``engine_steps_per_s`` = engine_steps / duration_s and ``tokens_per_step`` = server_generation_tokens /
-    engine_steps (their product is the output throughput).
+    engine_steps (their product is the output throughput); ``prefix_cache_queries`` / ``prefix_cache_hits`` the
+    prompt tokens looked up in / found in the arm's prefix cache and ``prefix_cache_hit_rate`` their ratio (0..1).
     """
 
     arm: str
@@ -67,6 +68,9 @@ class LevelRow(_Record):
     engine_steps: float | None = None
     engine_steps_per_s: float | None = None
     tokens_per_step: float | None = None
+    prefix_cache_queries: float | None = None   # prompt tokens looked up in the arm's prefix cache over the window
+    prefix_cache_hits: float | None = None      # of those, tokens found cached
+    prefix_cache_hit_rate: float | None = None  # hits / queries (0..1)
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
