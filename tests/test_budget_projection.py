@@ -19,7 +19,7 @@ from harness.run import plan as plan_mod
 from harness.run import runner as runner_mod
 from harness.run.models import locate
 from harness.run.scenario import load_scenario
-from harness.run.stopping import project_budget
+from harness.run.stopping import project_budget, step_seconds
 from harness.rundir import schema
 from harness.rundir.store import RunDir
 from fakes.support import StubServer
@@ -40,16 +40,16 @@ def _at(*concurrencies: int) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------------------- the rule, pure
 def test_a_budget_that_fits_changes_nothing():
-    record = project_budget(120.0, elapsed_s=40.0, block_s=40.0, level_s={SHORT.at(1): 10.0, SHORT.at(8): 20.0},
-                            min_sessions=3, planned=6)
-    assert record.outcome == "fits" and record.dropped == () and record.needed_s == 120.0
+    record = project_budget(120.0, elapsed_s=40.0, level_s={SHORT.at(1): 10.0, SHORT.at(8): 20.0},
+                            min_sessions=3, planned=6, start_s=10.0)
+    assert record.block_s == 40.0 and record.outcome == "fits" and record.dropped == () and record.needed_s == 120.0
     assert record.describe().endswith("needs 120 s ≤ budget 120 s; nothing changed (3 of 6 blocks projected)")
 
 
 def test_the_longest_levels_are_dropped_until_min_sessions_fit():
     level_s = {SHORT.at(1): 4.0, SHORT.at(2): 6.0, SHORT.at(4): 9.0, SHORT.at(8): 15.0}
     # 40 + 2 × 40 = 120 s > 80 s; without c=8: 40 + 2 × 25 = 90 s > 80 s; without c=4 too: 40 + 2 × 16 = 72 s
-    record = project_budget(80.0, elapsed_s=40.0, block_s=40.0, level_s=level_s, min_sessions=3, planned=6)
+    record = project_budget(80.0, elapsed_s=40.0, level_s=level_s, min_sessions=3, planned=6, start_s=6.0)
     assert record.outcome == "adapted" and record.dropped == _at(8, 4) and record.kept() == _at(1, 2)
     assert record.projected_s == 72.0 and record.blocks == 3    # 1 + ⌊(80 − 40) / 16⌋
     assert ("min_sessions 3 needs 120 s > budget 80 s; changed: c=8, c=4 dropped from blocks 2 on"
@@ -58,8 +58,8 @@ def test_the_longest_levels_are_dropped_until_min_sessions_fit():
 
 
 def test_a_budget_nothing_can_fit_says_so():
-    record = project_budget(60.0, elapsed_s=40.0, block_s=40.0, level_s={SHORT.at(1): 4.0, SHORT.at(8): 15.0},
-                            min_sessions=3, planned=6, start_s=20.0)
+    record = project_budget(60.0, elapsed_s=40.0, level_s={SHORT.at(1): 4.0, SHORT.at(8): 15.0},
+                            min_sessions=3, planned=6, start_s=20.0, look_s=1.0)
     assert record.outcome == "cannot" and record.dropped == ()
     assert record.projected_s == 40.0 + 2 * 25.0
     assert "cannot: even with c=1 alone a block takes 25 s, 20 s of it server starts" in record.describe()
@@ -72,10 +72,22 @@ def _plan(**overrides) -> plan_mod.Plan:
     return plan_mod.build_plan(scenario, CPU, locate(scenario))
 
 
-def _runner(run_dir, monkeypatch, plan, budget_s: float) -> runner_mod.Runner:
+def _runner(run_dir, monkeypatch, plan, budget_s: float, setup_s: float = 0.0, look_s: float = 0.0
+            ) -> runner_mod.Runner:
+    """A runner on a fake clock: each server start takes START_S, each level LEVEL_S; ``setup_s`` of one-off work
+    before the first level (as writing a real-text dataset is, timed by no ``timing`` key) and ``look_s`` per
+    sequential look at a block boundary."""
     run = runner_mod.Runner(plan, run_dir, runner_mod.RunOptions(budget_s=budget_s))
     rng = np.random.default_rng(0)
     clock = [0.0]
+    look = runner_mod.stopping.look_stop
+
+    def setup() -> None:
+        clock[0] += setup_s
+
+    def looked(run_dir, blocks_done):
+        clock[0] += look_s
+        return look(run_dir, blocks_done)
 
     def start(arm, block):
         clock[0] += START_S
@@ -92,6 +104,8 @@ def _runner(run_dir, monkeypatch, plan, budget_s: float) -> runner_mod.Runner:
     monkeypatch.setattr(run, "_start_server", start)
     monkeypatch.setattr(run, "_parity", lambda *_: None)
     monkeypatch.setattr(run, "_run_level", level)
+    monkeypatch.setattr(run, "_write_text_datasets", setup)
+    monkeypatch.setattr(runner_mod.stopping, "look_stop", looked)
     monkeypatch.setattr(runner_mod.time, "monotonic", lambda: clock[0])
     return run
 
@@ -145,7 +159,8 @@ def test_a_budget_that_cannot_fit_stops_after_block_1_and_says_why(tmp_path, mon
     manifest = _runner(run_dir, monkeypatch, _plan(), budget_s=50.0).run()
     assert manifest.budget.outcome == "cannot"
     assert manifest.stopped.reason == manifest.budget.describe()
-    assert manifest.stopped.reason.startswith("budget: block 1 took 35 s; min_sessions 3 needs 105 s > budget 50 s; "
+    assert manifest.stopped.reason.startswith("budget: a block's work is 35 s (block 1's levels and server starts); "
+                                              "min_sessions 3 needs 105 s > budget 50 s; "
                                               "cannot: even with c=1 alone a block takes 9 s, 5 s of it server "
                                               "starts")
     assert all(_done_blocks(manifest, c) == 1 for c in LEVEL_S)
@@ -159,6 +174,30 @@ def test_without_a_budget_nothing_is_projected(tmp_path, monkeypatch):
 
 
 def test_a_plan_of_fewer_blocks_than_min_sessions_is_projected_on_its_own_blocks():
-    record = project_budget(100.0, elapsed_s=40.0, block_s=40.0, level_s={SHORT.at(1): 10.0, SHORT.at(8): 20.0},
-                            min_sessions=3, planned=2)
+    record = project_budget(100.0, elapsed_s=40.0, level_s={SHORT.at(1): 10.0, SHORT.at(8): 20.0},
+                            min_sessions=3, planned=2, start_s=10.0)
     assert record.outcome == "fits" and record.needed_s == 80.0 and record.blocks == 2
+
+
+def test_the_projection_leaves_block_1s_one_off_work_out_and_counts_each_blocks_look(tmp_path, monkeypatch):
+    """Block 1 also held 30 s of one-off work later blocks never repeat (a dataset written, timed by no ``timing``
+    key) and each block ends with a 1 s sequential look: a later block is its levels, server starts and look
+    (35 + 1 s), not block 1's wall (66 s). 66 + 2 × 36 = 138 s > 100 s; without c=8 (20 s): 66 + 2 × 16 = 98 s."""
+    run_dir = tmp_path / "run"
+    manifest = _runner(run_dir, monkeypatch, _plan(), budget_s=100.0, setup_s=30.0, look_s=1.0).run()
+    record = manifest.budget
+    assert record.elapsed_s == 66.0 and record.look_s == 1.0 and record.block_s == 36.0
+    assert record.outcome == "adapted" and record.dropped == _at(8) and record.projected_s == 98.0
+
+
+def test_a_duets_overlapping_levels_count_their_steps_wall_once():
+    """``serve.duet``: both arms' levels of a step run at the same time on disjoint cores, so the step costs the
+    longer of the two, not their sum; one after another they add up."""
+    key = schema.LevelKey(SHORT.at(4), 0)
+    walls = [("baseline", key, 10.0), ("candidate", key, 12.0),
+             ("baseline", schema.LevelKey(SHORT.at(4), 1), 11.0), ("candidate", schema.LevelKey(SHORT.at(4), 1), 9.0)]
+    assert step_seconds(walls, overlapping=True) == {SHORT.at(4): 12.0 + 11.0}
+    assert step_seconds(walls, overlapping=False) == {SHORT.at(4): 42.0}
+    record = project_budget(100.0, elapsed_s=30.0, level_s=step_seconds(walls, overlapping=True), min_sessions=3,
+                            planned=6, start_s=5.0)
+    assert record.block_s == 28.0 and record.needed_s == 30.0 + 2 * 28.0

@@ -16,7 +16,8 @@ from harness.study import design_study
 from harness.study.design_analysis import analyze_run
 from harness.study.design_file import find_library, read_designs, resolve
 from harness.study.design_table import HEADER
-from harness.judge.design_costs import block_wall_s, decision_cost, pooled_spread, run_noise, sd_interval
+from harness.judge.design_costs import (block_wall_s, decision_cost, pooled_spread, pooled_spreads, run_noise,
+                                        sd_interval)
 from harness.judge.planning import sessions_for_power
 from harness.rundir.schema import Manifest
 from harness.rundir.store import RunDir
@@ -26,9 +27,9 @@ RECORDING = "tests/fixtures/recorded/real-sessions"
 COMPARE_RUN = "tests/fixtures/compare_run"
 
 
-def _crafted(offsets, levels=(1, 4), block_s=100.0, rounds=2):
-    """An A/B frame whose candidate session means sit ``offsets[s]`` (log) above the baseline's at every level, and a
-    manifest whose blocks end ``block_s`` apart."""
+def _crafted(offsets, levels=(1, 4), block_s=100.0, rounds=2, regime="random-i64-o32"):
+    """An A/B frame whose candidate session means sit ``offsets[s]`` (log) above the baseline's at every level (of
+    ``regime``), and a manifest whose blocks end ``block_s`` apart."""
     rows, arms = [], []
     for arm in ("baseline", "candidate"):
         sessions, done = [], {}
@@ -39,10 +40,10 @@ def _crafted(offsets, levels=(1, 4), block_s=100.0, rounds=2):
                     wobble = 0.01 * (1 if r % 2 else -1)   # rounds differ; their mean is the session's
                     value = 100.0 * c * math.exp(wobble + (offset if arm == "candidate" else 0.0))
                     rows.append({"arm": arm, "session": s, "round": s * rounds + r,
-                                 "level": f"random-i64-o32-c{c}", "concurrency": c,
+                                 "level": f"{regime}-c{c}", "concurrency": c,
                                  "output_throughput": value})
                     end = pd.Timestamp("2026-12-01T10:00:00+00:00") + pd.Timedelta(seconds=block_s * (s + 1))
-                    done[f"random-i64-o32-c{c}-r{s * rounds + r}"] = {"status": "done", "session": s,
+                    done[f"{regime}-c{c}-r{s * rounds + r}"] = {"status": "done", "session": s,
                                                                       "finished_at": end.isoformat()}
         arms.append({"name": arm, "route": arm, "sessions": sessions, "levels": done})
     manifest = Manifest.model_validate({"run_id": "crafted", "scenario": {"workload": {"rounds_per_session": rounds}},
@@ -79,6 +80,24 @@ def test_a_session_missing_a_level_is_left_out_of_the_pooled_spread():
                                 & (levels["concurrency"] == 4)].index)
     pooled = pooled_spread(broken)
     assert pooled.pairs == 4 and pooled.sd == pytest.approx(float(np.std(offsets[:4], ddof=1)))
+
+
+def test_the_pooled_spread_pools_within_each_regime_as_the_judge_does():
+    """Issue #26: the judge pools a regime's levels, never two regimes'. Here the long regime's session offsets are
+    the short one's negated: pooled over both they cancel (sd ≈ 0, a decision that looks free); per regime each has
+    its own spread, and the run's cost per decision is the noisier regime's, which it names."""
+    short, long_ = [0.0, 0.1, -0.1, 0.05, -0.05], [0.0, -0.2, 0.2, -0.1, 0.1]
+    manifest, first = _crafted(short, levels=(1, 4))
+    _, second = _crafted(long_, levels=(1, 2), regime="random-i8192-o64")
+    levels = pd.concat([first, second], ignore_index=True)
+    spreads = {str(s.regime): s for s in pooled_spreads(levels)}
+    assert spreads["random-i64-o32"].sd == pytest.approx(float(np.std(short, ddof=1)))
+    assert spreads["random-i8192-o64"].sd == pytest.approx(float(np.std(long_, ddof=1)))
+    assert pooled_spread(levels).sd == pytest.approx(float(np.std(long_, ddof=1)))
+    noise = run_noise(manifest, levels)
+    assert noise["pooled"]["regime"] == "random-i8192-o64"
+    assert noise["pooled"]["sd"] == pytest.approx(float(np.std(long_, ddof=1)))
+    assert [p["regime"] for p in noise["pooled_regimes"]] == ["random-i64-o32", "random-i8192-o64"]
 
 
 def test_no_finished_block_has_no_wall_time_and_no_cost():

@@ -263,3 +263,20 @@ def test_dsa_bench_gate_prints_the_table_and_exits_with_the_verdict(tmp_path, ca
     policy_file.write_text("alpha = 2\n")
     assert main(["gate", str(run_dir), "--policy", str(policy_file)]) == 2
     assert "policy.toml: gate.alpha" in capsys.readouterr().err
+
+
+def test_rows_relabelled_to_an_undeclared_level_make_the_run_invalid(tmp_path):
+    """A hand-edited levels.csv / requests.csv whose rows are copied to a regime the scenario and manifest.json
+    never declared (here 4096 tokens in, at c=1) is no level of the run: its cells are INVALID with a reason naming
+    it, so the verdict is INVALID, never a PASS over a phantom level."""
+    run_dir = _run_dir(tmp_path, identical=True)
+    assert gate.run_gate(run_dir, PERF, write=False).status == Status.PASS
+    for name in ("levels.csv", "requests.csv"):
+        frame = pd.read_csv(run_dir / name)
+        phantom = frame[frame["level"] == "random-i128-o32-c1"].assign(level="random-i4096-o32-c1")
+        pd.concat([frame, phantom]).to_csv(run_dir / name, index=False)
+    result = gate.run_gate(run_dir, PERF, write=False)
+    assert result.status == Status.INVALID and gate.exit_code(result) == 4
+    assert "random-i4096-o32-c1" in result.reason and "not declared" in result.reason, result.reason
+    invalid = {str(c.level) for c in result.verdict.primary if c.status == Status.INVALID}
+    assert invalid == {"random-i4096-o32-c1"}

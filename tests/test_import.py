@@ -109,6 +109,11 @@ def test_index_lengths_make_regimes_and_without_them_the_index_is_one(tmp_path):
     rows = _rows_of_original(tmp_path)
     for row in rows:
         row.update(input_len=64 if row["concurrency"] == 1 else 4096, output_len=16)
+        if row["concurrency"] != 1:                 # the c=2 files become a long regime's: 4096–4098 in
+            path = tmp_path / row["path"]
+            data = json.loads(path.read_text())
+            data["input_lens"] = [n - 64 + 4096 for n in data["input_lens"]]
+            path.write_text(json.dumps(data))
     index = _write_index(tmp_path, rows, columns=("arm", "session", "concurrency", "round", "path", "input_len",
                                                   "output_len"))
     assert main(["import", str(index), "--out", str(tmp_path / "two")]) == 0
@@ -116,7 +121,7 @@ def test_index_lengths_make_regimes_and_without_them_the_index_is_one(tmp_path):
     assert set(levels["level"]) == {"random-i64-o16-c1", "random-i4096-o16-c2"}
     result = run_gate(tmp_path / "two", NOT_ATTESTED_OK, write=False)
     assert {c["regime"] for c in result.document["pooled"]} <= {"random-i64-o16", "random-i4096-o16"}
-    one = _write_index(tmp_path, _rows_of_original(tmp_path / "again"))
+    one = _write_index(tmp_path / "again", _rows_of_original(tmp_path / "again"))
     assert main(["import", str(one), "--out", str(tmp_path / "one")]) == 0
     assert set(RunDir(tmp_path / "one").levels()["level"]) == {"random-i64-o16-c1", "random-i64-o16-c2"}
 
@@ -168,3 +173,52 @@ def test_existing_non_empty_out_is_refused(tmp_path, capsys):
     assert main(["import", str(index), "--out", str(out)]) == 2
     assert "not an empty directory" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+LENGTH_COLUMNS = ("arm", "session", "concurrency", "round", "path", "input_len", "output_len")
+
+
+def _restate(folder: Path, rows: list[dict], **fields) -> None:
+    """Write ``fields`` into the first row's bench JSON (a copy under ``folder``), as other tooling's
+    ``--metadata KEY=VALUE`` would record them."""
+    data = json.loads((folder / rows[0]["path"]).read_text())
+    data.update(fields)
+    (folder / "bench" / "stated.json").write_text(json.dumps(data))
+    rows[0]["path"] = "bench/stated.json"
+
+
+CONTRADICTIONS = {
+    # the files hold 64-token prompts (64–66 after re-tokenising) and 16-token outputs (--ignore-eos)
+    "input far from the prompts": (lambda folder, rows: rows[0].update(input_len=128), "input_len 128"),
+    "output far from the outputs": (lambda folder, rows: rows[0].update(output_len=32), "output_len 32"),
+    "a stated length": (lambda folder, rows: _restate(folder, rows, random_input_len="1024"), "random_input_len"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTRADICTIONS))
+def test_index_lengths_that_contradict_the_bench_json_are_refused(tmp_path, capsys, name):
+    """The index's input_len / output_len must be what the file measured: one line naming the index line, the
+    file and the fix, exit 2, nothing written."""
+    mutate, fragment = CONTRADICTIONS[name]
+    rows = _rows_of_original(tmp_path)
+    for row in rows:
+        row.update(input_len=64, output_len=16)
+    mutate(tmp_path, rows)
+    index = _write_index(tmp_path, rows, columns=LENGTH_COLUMNS)
+    out = tmp_path / "run"
+    assert main(["import", str(index), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err and "index.csv:2" in err, err
+    assert Path(rows[0]["path"]).name in err and "set " in err, err
+    assert not out.exists()
+
+
+def test_index_lengths_within_the_retokenising_drift_are_accepted(tmp_path):
+    """A random dataset's prompts re-tokenise to a few tokens more or fewer than asked (these files: 64–66 for
+    64): an index that says 62 or 68 is the same regime, not a contradiction."""
+    rows = _rows_of_original(tmp_path)
+    for row in rows:
+        row.update(input_len=62 if row["concurrency"] == 1 else 68, output_len=16)
+    index = _write_index(tmp_path, rows, columns=LENGTH_COLUMNS)
+    assert main(["import", str(index), "--out", str(tmp_path / "run")]) == 0
+    assert set(RunDir(tmp_path / "run").levels()["level"]) == {"random-i62-o16-c1", "random-i68-o16-c2"}

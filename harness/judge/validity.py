@@ -151,6 +151,8 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
     (attestation), or, with ``require_attestation``, was not attested. Per arm and level: the host's CPU steal
     share over the level above ``max_steal_fraction`` under ``estimator = "mean"`` (other estimators exclude such a
     round instead: :mod:`harness.judge.stalls`; not checked where ``host_steal_fraction`` is not recorded; the load average is recorded and shown, never judged: on a shared host it is the benchmark's own load too).
+    Per level: a ``levels.csv`` level that neither the scenario nor ``manifest.json`` declares
+    (:func:`_check_declared`).
     """
     levels, requests = (with_level_column(frame, manifest.scenario_data()) for frame in (levels, requests))
     report = ValidityReport(arms=arm_names(manifest))
@@ -180,6 +182,7 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
                 f"{role}: execution path not attested ({why}); a policy with require_attestation = false judges "
                 "it anyway")
     report.levels = tuple(sorted(level_set))
+    _check_declared(manifest, report, set(planned_levels), level_set - set(planned_levels))
 
     has_cpu = "client_cpu_util" in levels.columns and levels["client_cpu_util"].notna().any()
     if not has_cpu:
@@ -226,6 +229,22 @@ def check_validity(manifest: Manifest, levels, requests, policy: GatePolicy) -> 
         report.not_checked.append("host steal time: levels.csv has no host_steal_fraction (older run directories, "
                                   "imported results, or a host without /proc/stat)")
     return report
+
+
+def _check_declared(manifest: Manifest, report: ValidityReport, planned: set[Level], others: set[Level]) -> None:
+    """Fail, in both arms, every level of ``others`` (levels the tables or the manifest's entries hold beyond the
+    scenario's ``planned`` ones) that neither the scenario nor any arm's ``manifest.json`` entry (stopped ones
+    included) declares: rows of a hand-edited or foreign ``levels.csv`` relabelled to another level or regime are no
+    level of the run, and must not be judged as one. Not checked (said so) when nothing declares a level."""
+    declared = planned | {key.level for arm in manifest.arms for key, _ in arm.level_items()}
+    if not declared:
+        report.not_checked.append("declared levels: neither the scenario nor manifest.json declares a level")
+        return
+    for level in sorted(others - declared):
+        for arm in report.arms.values():
+            report.fail(arm, level, None, "undeclared",
+                        f"level {level} is in levels.csv but not declared by the scenario or manifest.json "
+                        "(hand-edited or foreign rows); remove those rows or restore their level")
 
 
 def _declares_difference(manifest: Manifest, arm: ArmRecord) -> bool:

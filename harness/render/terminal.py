@@ -6,7 +6,7 @@ import io
 
 from harness.metrics import METRICS
 from harness.render.output import MAX_LIST, Output, VerdictView, fmt
-from harness.rundir.schema import Level
+from harness.rundir.schema import Regime
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "INVALID": "magenta"}
 
@@ -42,38 +42,54 @@ def _legend(cells) -> str:
             "INCONCL = INCONCLUSIVE; (n) = note n below.")
 
 
-def _table(document):
-    """The primary cells, one row each, in ≤ 80 columns: abbreviated metric names, Δ with its interval in one
-    column."""
+def _tables(document):
+    """The primary cells in ≤ 80 columns, one row each (abbreviated metric names, Δ with its interval in one
+    column): one table, or one per regime when the run has several (each titled with its regime, so the "c" column
+    stays the concurrency and no figure is cut), and the numbered notes the rows' marks refer to."""
+    notes: dict[str, list[str]] = {}   # note → the cells it applies to, numbered in order of first use
+    groups: dict[str | None, list] = {}
+    for cell in document.cells:
+        groups.setdefault(cell.regime, []).append(cell)
+    title = f"dsa-bench gate · {document.run_id}"
+    if len(groups.keys() - {None}) < 2:         # one regime (and GSM8K's cells, which have none): one table
+        return [_table(title, document.cells, notes)], _numbered(notes)
+    tables = [_table(_regime_title(regime), cells, notes) for regime, cells in groups.items()]
+    return [title, *tables], _numbered(notes)
+
+
+def _regime_title(regime: str | None) -> str:
+    """A regime table's title: ``"1024→512 random"`` (input → output tokens, dataset), ``"GSM8K"`` for no regime."""
+    parsed = Regime.parse(regime)
+    return parsed.label() if parsed is not None else "GSM8K"
+
+
+def _table(title: str, cells, notes: dict[str, list[str]]):
+    """One rich table of ``cells`` under ``title``; each cell's note is numbered into ``notes`` (shared by the
+    tables of one verdict, so the numbers run on)."""
     from rich import box
     from rich.table import Table
 
-    table = Table(title=f"dsa-bench gate · {document.run_id}", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-    for name, justify in (("metric", "left"), ("c", "right"), ("base", "right"), ("cand", "right"),
-                          ("Δ \\[interval]", "right"), ("margin", "right"), ("verdict", "left")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    notes: dict[str, list[str]] = {}   # note → the cells it applies to, numbered in order of first use
-    several = len({cell.regime for cell in document.cells if cell.regime}) > 1
-    for cell in document.cells:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for name, justify, wrap in (("metric", "left", True), ("c", "right", False), ("base", "right", False),
+                                ("cand", "right", False), ("Δ \\[interval]", "right", True),
+                                ("margin", "right", False), ("verdict", "left", True)):
+        table.add_column(name, justify=justify, no_wrap=not wrap)   # too wide: words wrap, never a figure cut
+    for cell in cells:
         metric = METRICS.get(cell.metric)
         mark = ""
         if cell.note:
             notes.setdefault(cell.note, []).append(f"{metric.abbrev if metric else cell.metric} {cell.where}")
             mark = f" ({list(notes).index(cell.note) + 1})"
-        table.add_row(metric.abbrev if metric else cell.metric, _level_text(cell, several),
+        verdict = f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}"
+        concurrency = "" if cell.concurrency is None else str(cell.concurrency)
+        table.add_row(metric.abbrev if metric else cell.metric, concurrency,
                       fmt(cell.baseline, _digits(cell.baseline)), fmt(cell.candidate, _digits(cell.candidate)),
-                      _delta(cell), f"{cell.margin:+g}", f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}")
-    return table, [f"{', '.join(where)}: {note}" for note, where in notes.items()]
+                      _delta(cell), f"{cell.margin:+g}", verdict)
+    return table
 
 
-def _level_text(cell, several_regimes: bool) -> str:
-    """The "c" column: the cell's concurrency, with its tokens in/out (``4 1024/512``) when the run has several
-    regimes; empty for GSM8K."""
-    level = Level.parse(cell.level)
-    if level is None:
-        return "" if cell.concurrency is None else str(cell.concurrency)
-    return f"{level.concurrency} {level.input_len}/{level.output_len}" if several_regimes else str(level.concurrency)
+def _numbered(notes: dict[str, list[str]]) -> list[str]:
+    return [f"{', '.join(where)}: {note}" for note, where in notes.items()]
 
 
 def render(view: VerdictView) -> str:
@@ -93,8 +109,9 @@ def print_view(view: VerdictView, console=None) -> None:
     console = console or Console()
     document = view.document
     if document.evaluated:
-        table, notes = _table(document)
-        console.print(table)
+        tables, notes = _tables(document)
+        for table in tables:
+            console.print(table)
         console.print(escape(_legend(document.cells)), style="dim", highlight=False)
         for i, note in enumerate(notes[:MAX_LIST], 1):
             console.print(f"  ({i}) {escape(note)}", highlight=False)

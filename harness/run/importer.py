@@ -7,7 +7,8 @@ level was measured in: the unit of replication; the same number in both arms pai
 ``input_len`` / ``output_len`` (the level's tokens per request) and ``dataset`` (default ``random``): a level is that
 regime at the concurrency (:class:`harness.rundir.schema.Level`). Without the length columns the whole index is one
 regime, its lengths the median input and the largest output length over every request of every file (a random
-dataset's prompts re-tokenise to ±1 token, so a per-file figure would split one regime in two).
+dataset's prompts re-tokenise to ±1 token, so a per-file figure would split one regime in two). Lengths the index
+states must agree with what each file recorded (:func:`check_lengths`), or the import is refused.
 Every file is parsed by the runner's own parser (:func:`harness.run.load.parse_bench_result`) and copied to
 ``raw/``. The run directory's round numbers are global (one per (session, round) pair of the index, in sorted
 order, the same in both arms), since a level of an arm is keyed by (level, round).
@@ -20,6 +21,7 @@ Bad input raises :class:`ImportInputError` before anything is written.
 from __future__ import annotations
 
 import csv
+import math
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -33,7 +35,8 @@ from harness.rundir import schema
 from harness.rundir.schema import DATASETS, Level, LevelKey
 from harness.rundir.store import RunDir
 
-__all__ = ["ImportInputError", "IndexEntry", "NOT_ATTESTED", "import_run", "read_index"]
+__all__ = ["ImportInputError", "IndexEntry", "NOT_ATTESTED", "STATED_LENGTHS", "check_lengths", "import_run",
+           "length_tolerance", "read_index"]
 
 REQUIRED_COLUMNS = ("arm", "session", "concurrency", "path")
 ROLES = ("baseline", "candidate")
@@ -74,6 +77,77 @@ def _index_lengths(results: list[Mapping[str, Any]]) -> tuple[int, int]:
 
     inputs, outputs = counts("input_lens"), counts("output_lens")
     return int(statistics.median(inputs)) if inputs else 0, max(outputs, default=0)
+
+
+STATED_LENGTHS = {"input_len": ("random_input_len",), "output_len": ("random_output_len", "custom_output_len")}
+"""Keys a bench JSON may carry that state a level's asked lengths (vLLM's own result has none; tooling records
+them with ``vllm bench serve --metadata random_input_len=1024``, as older result files did): index column → keys."""
+
+
+def length_tolerance(declared: int) -> int:
+    """How far (tokens) a file's measured length may sit from the index's ``declared`` one and still be that regime:
+    max(4 tokens, 1 % of ``declared``, rounded up).
+
+    Why: vLLM's random dataset decodes its token ids to text and re-encodes it
+    (``benchmarks/datasets/datasets.py`` ``gen_prompt_decode_to_target_len``), which can end a few tokens off the
+    target when its retries run out (the committed compare run: 64–66 for 64), and a real-text prompt's tokenizer
+    may add a BOS token: a drift of a few tokens whatever the length, so 4 absolute. The 1 % keeps a long
+    prompt's drift (a few tokens in 32768) far inside it, while a contradiction — a different regime, 64 vs 128,
+    1024 vs 4096 — is off by ≥ 2×, far outside it."""
+    return max(4, math.ceil(0.01 * declared))
+
+
+def _measured_lengths(data: Mapping[str, Any]) -> dict[str, int | None]:
+    """What a bench JSON measured, per index column (tokens; None where it has no figure): ``input_len`` = the
+    median of ``input_lens`` (every request's prompt, as the server tokenised it; robust to a few drifted prompts
+    and to ``--random-range-ratio``'s symmetric spread), ``output_len`` = the largest ``output_lens`` of a request
+    without an error (the server's completion tokens; with ``--ignore-eos`` every request reaches ``max_tokens``,
+    and none can pass it)."""
+    def listed(key: str) -> list[Any]:
+        return data[key] if isinstance(data.get(key), list) else []
+
+    inputs = [n for n in listed("input_lens") if isinstance(n, (int, float)) and n > 0]
+    errors = listed("errors") or [""] * len(listed("output_lens"))
+    outputs = [n for n, error in zip(listed("output_lens"), errors)
+               if not error and isinstance(n, (int, float)) and n > 0]
+    return {"input_len": int(statistics.median(inputs)) if inputs else None,
+            "output_len": int(max(outputs)) if outputs else None}
+
+
+def _stated_length(data: Mapping[str, Any], column: str) -> tuple[str, int] | None:
+    """(key, tokens) of the first :data:`STATED_LENGTHS` key for ``column`` a bench JSON holds as a whole number (a
+    ``--metadata`` value is text), else None."""
+    for key in STATED_LENGTHS[column]:
+        try:
+            return key, int(str(data[key]).strip())
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def check_lengths(entry: IndexEntry, data: Mapping[str, Any]) -> None:
+    """Refuse an index row whose ``input_len`` / ``output_len`` contradicts the bench JSON ``data`` it points at: a
+    length the file states (:data:`STATED_LENGTHS`) must be equal; a measured one (:func:`_measured_lengths`) within
+    :func:`length_tolerance`. A column the row leaves empty, or a figure the file lacks, is not checked.
+
+    Raises:
+        ImportInputError: one line naming the index line, the file, both figures and the fix.
+    """
+    measured = _measured_lengths(data)
+    for column, declared in (("input_len", entry.input_len), ("output_len", entry.output_len)):
+        if declared is None:
+            continue
+        stated = _stated_length(data, column)
+        if stated is not None and stated[1] != declared:
+            found, value = f"it states {stated[0]} = {stated[1]}", stated[1]
+        elif stated is None and measured[column] is not None and \
+                abs(measured[column] - declared) > length_tolerance(declared):
+            value = measured[column]
+            found = f"its requests measured {value} tokens (tolerance ±{length_tolerance(declared)})"
+        else:
+            continue
+        raise ImportInputError(f"{entry.index_csv or 'index'}:{entry.line}: {column} {declared} contradicts "
+                               f"{entry.path}: {found}; set {column} to {value} or fix the path")
 
 
 def _whole(text: str | None, column: str, where: str, minimum: int) -> int:
@@ -172,6 +246,8 @@ def _parse(entries: list[IndexEntry]) -> list[_Parsed]:
     """
     rounds = _global_rounds(entries)
     results = [_read(entry) for entry in entries]
+    for entry, data in zip(entries, results):
+        check_lengths(entry, data)
     lengths = _index_lengths(results)
     parsed = []
     for entry, data in zip(entries, results):

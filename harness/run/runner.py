@@ -398,28 +398,28 @@ class Runner:
         """The stop reason at the boundary after ``blocks_done`` blocks (a deciding look, the budget), else None.
         After block 1 of a run with a budget, the projection (:meth:`_project`) may leave levels out of the later
         blocks (the next block is then taken to cost that much less) or stop the run."""
+        looked = time.monotonic()
+        stop = stopping.look_stop(self.run_dir, blocks_done)
         now_s, one_off_s = time.monotonic(), sum(self.timing[k] for k in ("parity_s", "gsm8k_s", "pilot_s"))
         start_s = 0.0 if budget.servers_stay_up else self.timing["server_start_s"] - budget.block_start_s
         next_block_s = budget.close(now_s, self.timing["server_start_s"], one_off_s)
-        stop = stopping.look_stop(self.run_dir, blocks_done)
         if stop is None and blocks_done == 1 and budget.budget_s is not None and self.manifest.budget is None:
-            record = self._project(budget.budget_s, now_s - budget.started, next_block_s, start_s)
+            record = self._project(budget.budget_s, now_s - budget.started, start_s, now_s - looked)
             if record.outcome == "cannot":
                 return record.describe()
-            next_block_s -= sum(record.level_s[level] for level in record.dropped)
+            next_block_s = record.block_s - sum(record.level_s[level] for level in record.dropped)
         return stop or budget.stop_reason(now_s, next_block_s, blocks_done)
 
-    def _project(self, budget_s: float, elapsed_s: float, block_s: float, start_s: float) -> schema.BudgetRecord:
-        """Project ``gate.min_sessions`` blocks from block 1 (:func:`stopping.project_budget`, on block 1's level wall
-        times of both arms; ``start_s`` its server starts); record it in the manifest, say it on the terminal, and
-        leave the dropped levels out."""
-        level_s: dict[Level, float] = {}
-        for arm in self.arms_plan:
-            for key, level in self.writer.arm(arm).level_items():
-                if self.plan.block_of(key.round) == 0 and level.wall_s is not None:
-                    level_s[key.level] = level_s.get(key.level, 0.0) + level.wall_s
-        record = stopping.project_budget(budget_s, elapsed_s, block_s, level_s, self.plan.scenario.gate.min_sessions,
-                                         self.plan.scenario.workload.repeats, start_s)
+    def _project(self, budget_s: float, elapsed_s: float, start_s: float, look_s: float) -> schema.BudgetRecord:
+        """Project ``gate.min_sessions`` blocks from block 1's per-block work (:func:`stopping.project_budget`: its
+        level steps, :func:`stopping.step_seconds` — a duet's overlapping levels counted once —, ``start_s`` its
+        server starts every block repeats, ``look_s`` the look at its end; seconds); record it in the manifest, say it
+        on the terminal, and leave the dropped levels out."""
+        walls = [(arm, key, level.wall_s) for arm in self.arms_plan for key, level in self.writer.arm(arm).level_items()
+                 if self.plan.block_of(key.round) == 0 and level.wall_s is not None]
+        level_s = stopping.step_seconds(walls, overlapping=self.plan.scenario.serve.duet)
+        record = stopping.project_budget(budget_s, elapsed_s, level_s, self.plan.scenario.gate.min_sessions,
+                                         self.plan.scenario.workload.repeats, start_s, look_s)
         self.writer.update(budget=record)
         if record.outcome != "cannot":   # that one is the stop reason, printed by _stopped
             self.console.print(f"[bold]{escape(record.describe())}[/]")

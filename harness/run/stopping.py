@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from harness import gate
 from harness.judge.policy import Status
 from harness.run.plan import Plan
-from harness.rundir.schema import BudgetRecord, Level
+from harness.rundir.schema import BudgetRecord, Level, LevelKey
 
-__all__ = ["BlockBudget", "gsm8k_points", "look_stop", "project_budget"]
+__all__ = ["BlockBudget", "gsm8k_points", "look_stop", "project_budget", "step_seconds"]
 
 
 def gsm8k_points(plan: Plan, order: list[tuple[str, int, int]]) -> dict[str, int]:
@@ -76,25 +76,46 @@ class BlockBudget:
         return None
 
 
-def project_budget(budget_s: float, elapsed_s: float, block_s: float, level_s: Mapping[Level, float],
-                   min_sessions: int, planned: int, start_s: float = 0.0) -> BudgetRecord:
+def step_seconds(walls: Iterable[tuple[str, LevelKey, float]], overlapping: bool) -> dict[Level, float]:
+    """Per level, the wall seconds of its steps: ``walls`` holds (arm, level key, the level's wall seconds) of the
+    levels measured; a step is one (level, round). The arms' levels of a step run one after another (their walls
+    add up) or, ``overlapping`` (``serve.duet``: both arms' levels of a step start together on disjoint cores), at the
+    same time — the step's wall is then the longer of them, not their sum."""
+    steps: dict[LevelKey, list[float]] = {}
+    for _, key, wall in walls:
+        steps.setdefault(key, []).append(wall)
+    per_level: dict[Level, float] = {}
+    for key, times in steps.items():
+        per_level[key.level] = per_level.get(key.level, 0.0) + (max(times) if overlapping else sum(times))
+    return per_level
+
+
+def project_budget(budget_s: float, elapsed_s: float, level_s: Mapping[Level, float], min_sessions: int,
+                   planned: int, start_s: float = 0.0, look_s: float = 0.0) -> BudgetRecord:
     """After block 1: do ``min_sessions`` blocks fit ``budget_s``, and which levels to leave out so they do.
 
-    Each later block is taken to cost ``block_s`` (block 1 less its one-off work, as :class:`BlockBudget` takes it),
-    less the block-1 wall time ``level_s[level]`` (seconds, both arms' levels summed) of every level it leaves out:
-    the rest of a block (server starts, warm-ups, the kept levels) does not shrink. The rule: drop the longest
-    level of block 1 first (ties: the later level, :class:`~harness.rundir.schema.Level` order), one at a time, until ``elapsed_s + (min_sessions − 1) ×
-    block`` ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot
-    favour either arm, and both arms drop the same levels (pairing stays valid). All values in seconds;
-    ``planned``: the run's blocks (``workload.repeats``): the most the record's ``blocks`` projects, and the most
-    blocks the projection asks for; ``start_s``: the server starts in ``block_s`` (recorded, to say where a block's
-    time goes).
+    Each later block is taken to cost its per-block work only, as block 1 measured it: ``block_s`` = its level
+    steps ``level_s`` (per level, :func:`step_seconds`: a duet's overlapping levels counted once) + ``start_s`` (the
+    server starts every block repeats: fresh sessions per block; 0 where servers stay up) + ``look_s`` (the sequential
+    look at a block's end). Excluded: block 1's one-off work, which no later block repeats — the pilot, the load
+    clients' import, writing real-text datasets, connecting a cluster, parity prompts and scorings, GSM8K, the
+    first server starts where servers stay up — and what no block-1 figure measures: server stops and the harness's
+    bookkeeping between levels (seconds a block; the per-block rule, :class:`BlockBudget`, times each later block
+    whole), a restart after a server dies. Leaving a level out saves its ``level_s``; the rest of a block does not
+    shrink. The rule: drop the longest level of block 1 first (ties: the later level,
+    :class:`~harness.rundir.schema.Level` order), one at a time, until ``elapsed_s + (min_sessions − 1) × block``
+    ≤ ``budget_s``, never the last level. It reads wall times only, never a metric value, so it cannot favour either
+    arm, and both arms drop the same levels (pairing stays valid). All values in seconds; ``elapsed_s``: the run
+    so far, one-off work included; ``planned``: the run's blocks (``workload.repeats``): the most the record's
+    ``blocks`` projects, and the most blocks the projection asks for.
     """
+    block_s = sum(level_s.values()) + start_s + look_s
     remaining = max(min(min_sessions, planned) - 1, 0)   # a plan of fewer blocks cannot reach min_sessions anyway
     needed = elapsed_s + remaining * block_s
     record = {"budget_s": budget_s, "elapsed_s": round(elapsed_s, 1), "block_s": round(block_s, 1),
               "min_sessions": min_sessions, "level_s": {str(c): round(s, 1) for c, s in sorted(level_s.items())},
-              "needed_s": round(needed, 1), "planned": planned, "start_s": round(start_s, 1)}
+              "needed_s": round(needed, 1), "planned": planned, "start_s": round(start_s, 1),
+              "look_s": round(look_s, 1)}
 
     def blocks(block: float) -> int:
         return min(planned, 1 + (math.floor((budget_s - elapsed_s) / block) if block > 0 else planned))

@@ -21,10 +21,13 @@ def _label(level: str, several_regimes: bool) -> str:
 class BudgetRecord(Record):
     """The projection after block 1 (seconds of wall time, ``time.monotonic()``).
 
-    ``elapsed_s``: the run so far, one-off work (parity, GSM8K, pilot) included; ``block_s``: block 1 less that
-    one-off work, what each later block is taken to cost; ``level_s``: block 1's wall time per level (its id,
-    ``str(Level)``), both arms' levels summed (``manifest.json`` levels ``wall_s``); ``needed_s``: ``elapsed_s + (m − 1) × block_s``, ``m`` the
-    smaller of ``min_sessions`` and ``planned``;
+    ``elapsed_s``: the run so far, one-off work (pilot, client import, datasets, parity, GSM8K) included;
+    ``block_s``: what each later block is taken to cost, block 1's per-block work only — ``level_s`` summed +
+    ``start_s`` + ``look_s`` (what it leaves out: :func:`harness.run.stopping.project_budget`); ``level_s``: block
+    1's wall time per level (its id, ``str(Level)``): its steps' walls (``manifest.json`` levels ``wall_s``), both
+    arms' levels summed, or under ``serve.duet`` the longer of a step's two overlapping levels; ``look_s``: the
+    sequential look at a block's end (0 in records before it was counted); ``needed_s``:
+    ``elapsed_s + (m − 1) × block_s``, ``m`` the smaller of ``min_sessions`` and ``planned``;
     ``dropped``: the levels (ids) not measured from block 2 on, longest first by ``level_s`` until the projection
     fits (at least one level kept); ``projected_s``: the projection after the drops (for ``cannot``: with every level
     but the shortest dropped); ``blocks``: the blocks projected to fit the budget at that cost per block, of the
@@ -44,6 +47,7 @@ class BudgetRecord(Record):
     blocks: int
     planned: int
     start_s: float
+    look_s: float = 0.0
     outcome: Literal["fits", "adapted", "cannot"]
 
     def kept(self) -> tuple[str, ...]:
@@ -56,7 +60,8 @@ class BudgetRecord(Record):
 
     def describe(self) -> str:
         """One line for the terminal, the report and the summary: the projection and what changed, or why not."""
-        head = (f"budget: block 1 took {self.block_s:.0f} s; min_sessions {self.min_sessions} needs "
+        head = (f"budget: a block's work is {self.block_s:.0f} s (block 1's levels and server starts); "
+                f"min_sessions {self.min_sessions} needs "
                 f"{self.needed_s:.0f} s {'≤' if self.outcome == 'fits' else '>'} budget {self.budget_s:.0f} s")
         if self.outcome == "fits":
             return head + f"; nothing changed ({self.blocks} of {self.planned} blocks projected)"

@@ -54,7 +54,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def _figures(run_dir: Path) -> dict[str, Any]:
     from harness.judge.calibration import detectable_loss, paired_spread
-    from harness.judge.design_costs import pooled_spread
+    from harness.judge.design_costs import pooled_spread, pooled_spreads
     from harness.rundir.store import RunDir
 
     store = RunDir(run_dir)
@@ -80,8 +80,12 @@ def _figures(run_dir: Path) -> dict[str, Any]:
         for entry in spreads:
             row = cpu.get(entry["level"])
             entry["engine_cpu_sd"] = row.sd if row is not None and row.pairs >= 2 else None
-    pooled = pooled_spread(levels, **options)     # what the FAIL side tests first: the levels' geometric mean
-    pooled_entry = {"pairs": pooled.pairs, "sd": pooled.sd, "sd_upper": pooled.upper}
+    pooled = pooled_spread(levels, **options)     # what the FAIL side tests first: a regime's levels' geometric mean
+    several = len(pooled_spreads(levels, **options)) > 1
+    where = (f"all levels of {pooled.regime.label()} (pooled; the noisiest regime)" if several and pooled.regime
+             else "all levels (pooled)")
+    pooled_entry = {"pairs": pooled.pairs, "sd": pooled.sd, "sd_upper": pooled.upper, "where": where,
+                    "regime": None if pooled.regime is None else str(pooled.regime)}
     if pooled.pairs >= 2:
         pooled_entry["detectable_loss_pct"] = detectable_loss(pooled.sd, pooled.pairs, margin, level)
         pooled_entry["detectable_loss_pct_upper"] = detectable_loss(pooled.upper, pooled.pairs, margin, level)
@@ -107,7 +111,7 @@ def _print(aa_runs: list[dict[str, Any]], slow: dict[str, Any], slowdown: str) -
           f" in {slow['wall_s'] or 0:.0f} s — {slow['stopped'] or slow['reason']}")
     print(f"A/A paired session spread of log output throughput, and the smallest loss FAILed at 80 % power "
           f"(one-sided {aa['tested_at']:.4f}, the last A/A run's sessions):")
-    for row in [*aa["spread"], {**aa["pooled_spread"], "where": "all levels (pooled)"}]:
+    for row in [*aa["spread"], {"where": "all levels (pooled)", **aa["pooled_spread"]}]:
         loss = (f"{row['detectable_loss_pct']:.1f} % ({row['detectable_loss_pct_upper']:.1f} % at the sd's 95 % "
                 "upper bound)") if "detectable_loss_pct" in row else "not estimable (< 2 session pairs)"
         cpu = (f"; engine CPU / token sd {row['engine_cpu_sd']:.3f}"
