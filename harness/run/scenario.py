@@ -129,7 +129,9 @@ class RegimeSpec(_Frozen):
     ``../shared/data/gsm8k``; :mod:`harness.run.text_prompts`). ``prefix_len`` and ``num_prefixes`` (prefix reuse,
     ``dataset = "prefix_repetition"`` only, and ``prefix_len`` required there): each of ``num_prefixes`` random
     prefixes of ``prefix_len`` tokens opens an equal share of the level's prompts, followed by ``input_len −
-    prefix_len`` tokens of the prompt's own (vLLM's ``--prefix-repetition-*`` flags)."""
+    prefix_len`` tokens of the prompt's own (vLLM's ``--prefix-repetition-*`` flags). vLLM's prefix cache hits whole
+    KV blocks only (16 tokens on CUDA by default, 128 on vLLM CPU: ``vllm/platforms/cpu.py``), so a prefix shorter
+    than one block is never served from the cache."""
 
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=1)
