@@ -13,7 +13,7 @@ from harness.run.accuracy import DEFAULT_DATA_DIR
 from fakes.support import tagged_processes
 
 pytestmark = pytest.mark.slow
-PREFIX = "prefix_repetition-i192-o32-c4"
+PREFIX = "prefix_repetition-i288-o32-c4"
 # GSM8K comes from ../shared/data/gsm8k (harness.run.accuracy.DEFAULT_DATA_DIR); without it the run skips GSM8K.
 NEEDS_GSM8K = pytest.mark.skipif(not (DEFAULT_DATA_DIR / "test.jsonl").is_file(),
                                  reason=f"no GSM8K data at {DEFAULT_DATA_DIR}")
@@ -29,7 +29,7 @@ def test_run_dir_has_both_arms_with_throughput(run_dir):
     levels = pd.read_csv(run_dir / schema.LEVELS)
     assert sorted(levels["arm"].unique()) == ["baseline", "candidate"]
     # three regimes in one run (issue #26): 64 → 32 tokens at c = 1, 4; 256 → 32 (8 × index_topk) at c = 4; prefix
-    # reuse, 192 → 32 with 2 shared 128-token prefixes (one KV block), at c = 4
+    # reuse, 288 → 32 with 2 shared 256-token prefixes (two KV blocks, one served with MTP on), at c = 4
     assert set(levels["level"]) == {"random-i64-o32-c1", "random-i64-o32-c4", "random-i256-o32-c4", PREFIX}
     assert sorted(levels["round"].unique()) == [0, 1]
     assert (levels["output_throughput"] > 0).all() and (levels["failed"] == 0).all()
@@ -41,13 +41,13 @@ def test_run_dir_has_both_arms_with_throughput(run_dir):
     assert (levels["request_goodput"] <= levels["request_throughput"] + 1e-9).all()
     # each arm's prefix cache serves the shared prefixes (whole 128-token blocks) and next to nothing of random ids
     reuse = levels[levels["level"] == PREFIX]
-    assert (reuse["prefix_cache_hit_rate"] > 0.1).all() and (reuse["prefix_cache_queries"] >= 8 * 192).all()
+    assert (reuse["prefix_cache_hit_rate"] > 0.1).all() and (reuse["prefix_cache_queries"] >= 8 * 288).all()
     assert (levels.loc[levels["level"] != PREFIX, "prefix_cache_hit_rate"] < 0.1).all()
     requests = pd.read_csv(run_dir / schema.REQUESTS)
     assert len(requests) == 2 * 4 * 2 * 8 and requests["tpot_ms"].notna().all()
     long = requests[requests["level"] == "random-i256-o32-c4"]
     assert long["input_len"].between(250, 262).all()          # the random dataset's prompts re-tokenise to ± a few
-    assert requests.loc[requests["level"] == PREFIX, "input_len"].between(190, 198).all()
+    assert requests.loc[requests["level"] == PREFIX, "input_len"].between(286, 294).all()
     assert len(list((run_dir / schema.RAW_DIR).glob("*.json"))) == 2 * 4 * 2
 
 

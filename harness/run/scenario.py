@@ -130,8 +130,9 @@ class RegimeSpec(_Frozen):
     ``dataset = "prefix_repetition"`` only, and ``prefix_len`` required there): each of ``num_prefixes`` random
     prefixes of ``prefix_len`` tokens opens an equal share of the level's prompts, followed by ``input_len −
     prefix_len`` tokens of the prompt's own (vLLM's ``--prefix-repetition-*`` flags). vLLM's prefix cache hits whole
-    KV blocks only (16 tokens on CUDA by default, 128 on vLLM CPU: ``vllm/platforms/cpu.py``), so a prefix shorter
-    than one block is never served from the cache."""
+    KV blocks only (16 tokens on CUDA by default, 128 on vLLM CPU: ``vllm/platforms/cpu.py``), and with MTP / EAGLE it
+    recomputes the last matched block (``v1/core/single_type_kv_cache_manager.py`` ``drop_eagle_block``): a prefix
+    serves ``floor(prefix_len / block) − 1`` blocks from the cache with MTP on, one more without."""
 
     input_len: int = Field(gt=0)
     output_len: int = Field(gt=1)
