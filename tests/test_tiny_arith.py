@@ -167,6 +167,16 @@ def test_cli_bad_checkpoint_exits_2(tmp_path):
     assert sensitivity.main(["--checkpoint", str(tmp_path)]) == 2
 
 
+def test_cli_longer_problems_run_past_the_training_lengths(capsys):
+    """``--distractors``: problems with more distractor sentences than training drew (4–8) give prompts 2–3 × as
+    long (the long-context probe of results/defects/README.md); a range upside down is refused."""
+    assert evaluate.main(["--n", "2", "--mtp-n", "0", "--threads", "1", "--distractors", "28", "34"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["distractors"] == [28, 34] and record["prompt_tokens"]["min"] > 150
+    with pytest.raises(SystemExit):
+        evaluate.main(["--distractors", "9", "8"])
+
+
 def test_greedy_keeps_the_decode_top_2_and_the_decode_agrees_with_its_prefill(tok):
     """The reference model's greedy decode records, per token, (greedy id, log p) then the runner-up; on the correct
     path (float32) decode and a teacher-forced prefill of the same output give the runner-up the same log p, so the

@@ -159,16 +159,25 @@ def cli_load(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Dsa
 def main(argv: list[str] | None = None) -> int:
     ap = cli_parser("python -m dsa_route.tiny.arith.evaluate", __doc__)
     ap.add_argument("--show", type=int, default=0, help="print this many completions")
+    ap.add_argument("--distractors", type=int, nargs=2, metavar=("MIN", "MAX"), default=(4, 8),
+                    help="distractor sentences per problem (default %(default)s, the training range; more: longer "
+                         "prompts, the indexer selecting from more keys)")
     args = ap.parse_args(argv)
+    low, high = args.distractors
+    if not 0 <= low <= high:
+        ap.error("--distractors needs 0 <= MIN <= MAX")
     loaded = cli_load(ap, args)
     if loaded is None:
         return 2
     model, tok = loaded
-    problems = generate(args.n, args.seed)
+    problems = generate(args.n, args.seed, min_distractors=low, max_distractors=high)
     result = evaluate(model, tok, problems, mtp_n=args.mtp_n)
     for p, out in list(zip(problems, result.outputs))[:args.show]:
         print(f"--- target {p.target}\n{tok.decode(out)}")
-    print(json.dumps({k: v for k, v in asdict(result).items() if k not in ("outputs", "decode_top", "correct")}))
+    lengths = sorted(prompt_ids(tok, p).shape[-1] for p in problems)
+    figures = {k: v for k, v in asdict(result).items() if k not in ("outputs", "decode_top", "correct")}
+    spread = {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]}
+    print(json.dumps({**figures, "distractors": [low, high], "prompt_tokens": spread}))
     return 0
 
 
