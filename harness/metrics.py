@@ -174,7 +174,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            short="prompt tokens found in the prefix cache / looked up (server)",
            formula="Δ vllm:prefix_cache_hits_total / Δ vllm:prefix_cache_queries_total over the measured window "
                    "(tokens; v1/metrics/stats.py PrefixCacheStats): each arm's own cache, so an arm that caches "
-                   "differently at a prefix_repetition level shows here; ≈ 0 on random ids", abbrev="prefix hit"),
+                   "differently at a prefix_repetition level shows here; ≈ 0 on random ids", abbrev="pfx hit"),
     Metric("engine_cpu_ms_per_token", "Engine CPU time per output token", "ms", False, "level", 3.0,
            "engine_cpu_ms_per_token", short="engine CPU time / output tokens (server processes)",
            formula="Δ (user + system CPU time) of the vLLM engine processes (VLLM::EngineCore and its workers, "
