@@ -22,7 +22,8 @@ __all__ = ["observations", "conclude", "report", "plan_text"]
 
 def _design(manifest: schema.Manifest) -> tuple[list[str], dict[str, tuple[int, ...]], str]:
     """(factor names, arm → 0/1 row, design "full"|"half") from the manifest's resolved scenario."""
-    from harness.run.factors import AttributionSpec, design_rows, arm_name
+    from harness.judge.factorial import arm_name, design_rows
+    from harness.run.factors import AttributionSpec
 
     spec = AttributionSpec.model_validate(manifest.scenario_value("attribution"))
     design = spec.resolved_design()
@@ -145,7 +146,7 @@ def plan_text(plan, refusal: str | None) -> str:
     cost (:mod:`harness.run.plan_view`, :mod:`harness.run.estimate`)."""
     from harness.run import plan_view
     from harness.run.estimate import estimate
-    from harness.run.factors import aliases, design_rows, effect_terms, LETTERS
+    from harness.judge.factorial import LETTERS, aliases, design_rows, effect_terms
 
     spec = plan.scenario.attribution
     design = spec.resolved_design()

@@ -57,7 +57,7 @@ def cmd_attribute(args: argparse.Namespace) -> int:
         return attribution.report(Path(args.report))
     if args.plan:
         plan, refusal = build_plan(CompareRequest(scenario=args.scenario, overrides=_overrides(args), attribute=True),
-                                   to_run=False)
+                                   to_run=False)   # a combination vLLM refuses raises PlanError (exit 2)
         sys.stdout.write(attribution.plan_text(plan, refusal))
         return 0
     return compare.run(compare_request(args, attribute=True)).exit_code

@@ -22,7 +22,6 @@ Errors are :class:`ValueError` with one line (the scenario loader names the file
 
 from __future__ import annotations
 
-import itertools
 import re
 from typing import Literal, Sequence
 
@@ -30,14 +29,13 @@ from pydantic import Field, field_validator, model_validator
 
 from dsa_route.inject import parse_injection
 from dsa_route.knobs import KNOBS, check_knobs, knob_refusals
+from harness.judge.factorial import LETTERS, MAX_FACTORS, aliases, arm_name, design_rows, effect_terms
 from harness.run.arm_spec import ArmSpec
 from harness.run.spec_base import Frozen
 
 __all__ = ["FactorSpec", "InteractionSpec", "AttributionSpec", "MAX_FACTORS", "design_rows", "aliases",
            "arm_name", "generated_arms", "effect_terms", "LETTERS"]
 
-MAX_FACTORS = 4
-LETTERS = "ABCD"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 
 
@@ -76,6 +74,7 @@ class FactorSpec(Frozen):
         if self.knob is None and (self.low or self.high):
             raise ValueError(f"factor {self.name}: low/high are the two values of a knob; set knob too")
         if self.knob is not None:
+            check_knobs({self.knob: self.low or ""}) if self.knob not in KNOBS else None
             check_knobs({self.knob: self.low_value()})
             check_knobs({self.knob: self.high_value()})
             if self.low_value() == self.high_value():
@@ -160,53 +159,6 @@ class AttributionSpec(Frozen):
         if self.design != "auto":
             return self.design
         return "half" if len(self.factors) == 4 else "full"
-
-
-def design_rows(k: int, design: str = "full") -> list[tuple[int, ...]]:
-    """The design's runs as 0/1 tuples (1 = on), in standard (Yates) order — the first factor alternates fastest.
-
-    ``design = "half"`` (k = 4): the 2^3 over A, B, C with D = ABC in ±1 coding (D on iff an odd number of A, B, C
-    is on; Box, Hunter & Hunter 2005 ch. 6; Montgomery §8.2). Returns 2^k or 2^(k−1) rows.
-
-    Raises:
-        ValueError: k outside 1…4, or ``"half"`` with k ≠ 4.
-    """
-    if not 1 <= k <= MAX_FACTORS:
-        raise ValueError(f"k = {k}: 1 to {MAX_FACTORS} factors")
-    if design == "half":
-        if k != 4:
-            raise ValueError("the half fraction is defined here for k = 4 (D = ABC)")
-        base = [tuple(reversed(bits)) for bits in itertools.product((0, 1), repeat=3)]
-        return [(*row, sum(row) % 2) for row in base]
-    return [tuple(reversed(bits)) for bits in itertools.product((0, 1), repeat=k)]
-
-
-def effect_terms(k: int, design: str = "full") -> list[tuple[int, ...]]:
-    """The terms the model estimates, as factor-index tuples: every main effect, then the two-factor interactions
-    (all of them in a full design; in the 2^(4−1) fraction one of each aliased pair: AB, AC, AD, which stand for
-    AB + CD, AC + BD, AD + BC)."""
-    mains = [(i,) for i in range(k)]
-    pairs = list(itertools.combinations(range(k), 2))
-    if design == "half":
-        pairs = [(0, 1), (0, 2), (0, 3)]
-    return mains + pairs
-
-
-def aliases(k: int, design: str = "full") -> dict[str, str]:
-    """Term (letters, e.g. ``"AB"``) → what it is aliased with (``"CD"``), for the estimated terms; empty for a full
-    design. With I = ABCD a term's alias is the letters it lacks (Box, Hunter & Hunter 2005 ch. 6)."""
-    if design != "half":
-        return {}
-    out = {}
-    for term in effect_terms(k, design):
-        letters = "".join(LETTERS[i] for i in term)
-        out[letters] = "".join(c for c in LETTERS[:k] if c not in letters)
-    return out
-
-
-def arm_name(row: Sequence[int]) -> str:
-    """``(1, 0, 1)`` → ``"f101"``: the generated arm's name, one digit per factor in factor order."""
-    return "f" + "".join(str(int(bit)) for bit in row)
 
 
 def _merge_injections(specs: list[str], name: str) -> str | None:

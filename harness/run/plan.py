@@ -17,7 +17,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from dsa_route import routing, serve_path
 from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
-from dsa_route.knobs import knob_refusals
+from dsa_route.knobs import ENV_KNOBS, knob_refusals
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import Scenario, resolve_path
@@ -318,9 +318,14 @@ def _injection_refusals(injection: Injection | None, decision: routing.RouteDeci
 
 
 def same_commands(arms: Sequence[ArmPlan]) -> list[tuple[str, str]]:
-    """Pairs of arms (names, plan order) whose server command, environment and vLLM build are the same."""
-    return [(a.name, b.name) for i, a in enumerate(arms) for b in arms[i + 1:]
-            if (a.server_args, a.server_env, a.vllm) == (b.server_args, b.server_env, b.vllm)]
+    """Pairs of arms (names, plan order) that would run the same thing: server command, environment (the knobs'
+    carrier ``DSA_ROUTE_KNOBS`` aside), vLLM build and the classes the plugin registers all equal — e.g. two
+    attribution arms that differ only in the implementation knob on CPU, where dsa_route serves both values."""
+    def key(arm: ArmPlan):
+        env = {k: v for k, v in arm.server_env.items() if k != ENV_KNOBS}
+        return arm.server_args, env, arm.vllm, dict(arm.decision.implementation)
+
+    return [(a.name, b.name) for i, a in enumerate(arms) for b in arms[i + 1:] if key(a) == key(b)]
 
 
 def _session_notes(scenario: Scenario) -> list[str]:
@@ -382,6 +387,9 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
             refusals=tuple(refusals), vllm=spec.vllm,
         ))
+    refused = [f"arm {arm.name}: {why}" for arm in arms for why in arm.refusals]
+    if refused and len(arms) > 2:   # an attribution's combination vLLM refuses: no design to plan (exit 2)
+        raise PlanError(refused[0])
     same = same_commands(arms)
     identical = len(arms) == 2 and bool(same)
     if identical and not scenario.allow_identical_arms:
