@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 from dsa_route.inject import ENV_INJECT, NEEDS_DSA_CPU, Injection, injection_from_env
+from dsa_route.knobs import KnobError, knobs_from_env
 from dsa_route.route_constants import DSA_ARCHITECTURES, ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, PLATFORMS, ROUTES
 from dsa_route.routing import decide
 from dsa_route.serve_path import platform_limits, serve_overrides
@@ -279,7 +280,12 @@ def apply(
         return (f"{LINE_PREFIX} route={route} platform={found.platform} is not routed (only "
                 f"{', '.join(PLATFORMS)}); vLLM defaults untouched {tail}"), logging.WARNING
     served = served_model_from_argv(argv)
+    try:
+        knobs = knobs_from_env(environ)
+    except KnobError as error:
+        return f"{LINE_PREFIX} route=invalid {error}; plugin inactive, vLLM defaults untouched {tail}", logging.WARNING
     common = dict(
+        knobs=knobs,
         device_capability=found.device_capability,
         env=dict(environ),
         kv_cache_dtype=served.kv_cache_dtype,

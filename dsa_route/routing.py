@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
+from dsa_route.knobs import apply_knobs
 from dsa_route.route_constants import (
     CPU_IMPLEMENTATION,
     CUDA_IMPLEMENTATION,
@@ -98,6 +99,8 @@ class RouteDecision:
             "VLLM_USE_BREAKABLE_CUDAGRAPH": "0"|"1"}``; empty when the route leaves vLLM's defaults alone).
             This is the *intended* environment; :func:`serve_overrides` adapts it to what the platform can run.
         reasons: one human sentence per choice.
+        knobs: per-knob overrides applied on top of the route (``dsa_route.knobs``: knob → value; empty for a plain
+            route). Left out of :meth:`to_dict` and :meth:`summary` when empty, so plain routes read as before.
     """
 
     route: str
@@ -116,6 +119,7 @@ class RouteDecision:
     device_capability: tuple[int, int] | None
     env: Mapping[str, str]
     reasons: tuple[str, ...] = field(default=())
+    knobs: Mapping[str, str] = field(default_factory=lambda: FrozenDict())
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict of every field (mappings as plain dicts, tuples as lists)."""
@@ -125,6 +129,10 @@ class RouteDecision:
         out["env"] = dict(self.env)
         out["reasons"] = list(self.reasons)
         out["device_capability"] = list(self.device_capability) if self.device_capability else None
+        if self.knobs:
+            out["knobs"] = dict(self.knobs)
+        else:
+            del out["knobs"]
         return out
 
     def summary(self) -> str:
@@ -140,6 +148,8 @@ class RouteDecision:
             "mtp": self.mtp_architecture or "none",
             "impl": json.dumps(dict(self.implementation), separators=(",", ":"), sort_keys=True),
         }
+        if self.knobs:
+            parts["knobs"] = json.dumps(dict(self.knobs), separators=(",", ":"), sort_keys=True)
         return " ".join(f"{k}={v}" for k, v in parts.items())
 
 
@@ -346,6 +356,7 @@ def decide(
     route: str = "auto",
     has_triton: bool | None = None,
     vllm_choice: Mapping | None = None,
+    knobs: Mapping[str, str] | None = None,
 ) -> RouteDecision:
     """Decide the execution path of a model on a platform.
 
@@ -365,13 +376,16 @@ def decide(
         has_triton: whether Triton is importable on the server (auto's MRV2 default; None → :func:`default_has_triton`).
         vllm_choice: ``dsa_route.vllm_defaults.vllm_choice(...)`` for these architectures, platform and env; auto then
             follows the installed vLLM instead of the built-in vLLM 0.32 snapshot. Ignored by pinned routes.
+        knobs: per-knob overrides on top of the route (:func:`dsa_route.knobs.apply_knobs`; knob → value, e.g.
+            ``{"compilation_mode": "NONE"}``); None or empty: the route alone.
 
     Returns:
         A frozen :class:`RouteDecision`.
 
     Raises:
         ValueError: unknown ``platform`` or ``route`` (the message names the allowed values), an unparsable
-            ``device_capability``, or a non-integer ``VLLM_USE_V2_MODEL_RUNNER`` in ``env``.
+            ``device_capability``, or a non-integer ``VLLM_USE_V2_MODEL_RUNNER`` in ``env``;
+            ``dsa_route.knobs.KnobError`` (a ValueError) for an unknown knob or value.
     """
     _check_choice(route, platform)
     archs = (architectures,) if isinstance(architectures, str) else tuple(architectures)
@@ -394,7 +408,7 @@ def decide(
     env_out, env_reasons = _route_env(route, bool(dsa), path, env)
     compilation_mode, mode_why = _compilation_mode(path.breakable, route, env)
     fp8_query, fp8_kv_needs_view, kv_why = _kv_fields(kv_cache_dtype, backend_supports_quant_query)
-    return RouteDecision(
+    decision = RouteDecision(
         route=route, platform=platform, architectures=archs, is_dsa=bool(dsa), model_runner=path.model_runner,
         breakable_cudagraph=path.breakable, compilation_mode=compilation_mode,
         implementation=FrozenDict(implementation), mtp_architecture=mtp_architecture,
@@ -402,3 +416,4 @@ def decide(
         kv_cache_dtype=kv_cache_dtype, device_capability=capability, env=FrozenDict(env_out),
         reasons=(*reasons, *mtp_reasons, *path.reasons, *env_reasons, mode_why, kv_why),
     )
+    return apply_knobs(decision, knobs) if knobs else decision

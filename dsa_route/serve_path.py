@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, NamedTuple
 
+from dsa_route.knobs import ENV_KNOBS, knobs_to_env
 from dsa_route.route_constants import ENV_BREAKABLE, ENV_MRV2, ENV_ROUTE, GRAPH_MODE_WITH_GRAPHS, PLATFORMS
 from dsa_route.routing import (
     RouteDecision,
@@ -83,7 +84,7 @@ class ServeOverrides(NamedTuple):
     args: extra CLI arguments (``["--compilation-config", '{"mode": ..., "cudagraph_mode": ...}']``, plus
         ``--speculative-config`` when MTP tokens were given).
     env: variables for the server process (``VLLM_USE_V2_MODEL_RUNNER``, ``VLLM_USE_BREAKABLE_CUDAGRAPH``,
-        ``DSA_ROUTE``).
+        ``DSA_ROUTE``, and ``DSA_ROUTE_KNOBS`` for a decision with per-knob overrides).
     unavailable: ``"knob=value: reason"`` for each intended knob the platform cannot honour (empty when none).
     """
 
@@ -150,6 +151,8 @@ def serve_overrides(
         args += ["--speculative-config", json.dumps(spec, **compact)]
     env = {ENV_MRV2: "1" if runner == "v2" else "0", ENV_BREAKABLE: "1" if breakable else "0",
            ENV_ROUTE: decision.route}
+    if decision.knobs:   # an attribution arm: the plugin applies the same knobs to the same route
+        env[ENV_KNOBS] = knobs_to_env(decision.knobs)
     unavailable: list[str] = []
     if decision.model_runner == "v2" and "model_runner_v2" in limits:
         unavailable.append(f"model_runner=v2: {limits['model_runner_v2']}")

@@ -1,4 +1,5 @@
-"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``, ``import``, ``calibrate``.
+"""``dsa-bench``: one CLI, subcommands ``compare``, ``plan``, ``report``, ``gate``, ``import``, ``calibrate``,
+``attribute``.
 
 The CLI builds one scenario object (file + flag overrides) and hands it to one entry point. Bad input ends with a
 one-line error naming the fix and exit code 2, before anything is started.
@@ -44,6 +45,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     request = compare_request(args, resume=args.resume, base_urls=urls or None, gate=args.gate,
                               continue_on_error=args.continue_on_error)
     return compare.run(request).exit_code
+
+
+def cmd_attribute(args: argparse.Namespace) -> int:
+    """``dsa-bench attribute``: the factorial attribution of a scenario's ``[attribution]`` factors
+    (:mod:`harness.attribution`). ``--plan``: the design, each generated arm's path and the cost; start nothing.
+    ``--report RUN_DIR``: the effects of a finished run again. Exit 0 when every level was measured, else 1."""
+    from harness import attribution
+
+    if args.report:
+        return attribution.report(Path(args.report))
+    if args.plan:
+        plan, refusal = build_plan(CompareRequest(scenario=args.scenario, overrides=_overrides(args), attribute=True),
+                                   to_run=False)   # a combination vLLM refuses raises PlanError (exit 2)
+        sys.stdout.write(attribution.plan_text(plan, refusal))
+        return 0
+    return compare.run(compare_request(args, attribute=True)).exit_code
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -143,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
                                             "folder) and optional round")
     imported.add_argument("--out", required=True, help="the new run directory (must not exist or be empty)")
     imported.set_defaults(func=cmd_import)
+    attribute = sub.add_parser(
+        "attribute", allow_abbrev=False, help="factorial attribution: which knob of the change gives the effect")
+    _add_scenario_flags(attribute)
+    attribute.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")
+    attribute.add_argument("--budget", type=_duration, metavar="TIME", help="wall-clock budget (default: "
+                                                                            "workload.budget_s)")
+    attribute.add_argument("--plan", action="store_true", help="print the design, every arm's path and the cost")
+    attribute.add_argument("--report", metavar="RUN_DIR", help="compute the effects of a finished run again")
+    attribute.set_defaults(func=cmd_attribute, resume=None, continue_on_error=False)
     calibrate = add_calibrate(sub)
     _add_scenario_flags(calibrate)
     calibrate.add_argument("--out", default=str(REPO_ROOT / "results"), help="results root (default: results/)")

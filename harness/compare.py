@@ -50,6 +50,7 @@ class CompareRequest(BaseModel):
     gate: bool = False
     gsm8k_data: Path | None = None
     continue_on_error: bool = False
+    attribute: bool = False   # `dsa-bench attribute`: a scenario with [attribution] (and only such a one)
 
     @field_validator("base_urls")
     @classmethod
@@ -102,6 +103,11 @@ def build_plan(request: CompareRequest, *, to_run: bool):
     name = request.scenario_name(host.name)
     scenario = load_scenario(name, request.overrides).effective()
     source = str(find_scenario(name))
+    if request.attribute != (scenario.attribution is not None):
+        raise UsageError(f"scenario {scenario.name} declares [attribution]: run it with dsa-bench attribute"
+                         if scenario.attribution is not None else
+                         f"scenario {scenario.name} has no [attribution] factors; dsa-bench attribute needs them "
+                         "(e.g. --scenario cpu-tiny-dsa-attribution)")
     if to_run:
         check_machine(scenario, host)
         if scenario.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
@@ -244,8 +250,8 @@ def run(request: CompareRequest) -> CompareResult:
     except (KeyboardInterrupt, procs.Interrupted):
         console.print(f"[red]interrupted[/]: finished levels are in {run_dir}")
         console.print(f"to run the rest: dsa-bench compare --resume {run_dir}")
-        return CompareResult(exit_code=INTERRUPTED, run_dir=run_dir, gate_code=conclude(run_dir, console))
-    gate_code = conclude(run_dir, console)
+        return CompareResult(exit_code=INTERRUPTED, run_dir=run_dir, gate_code=_conclusion(plan)(run_dir, console))
+    gate_code = _conclusion(plan)(run_dir, console)
     timing = manifest.timing
     console.print(f"wall {timing['wall_s']:.0f} s, harness overhead {timing['harness_overhead_s']:.0f} s "
                   f"({100 * (timing['harness_share'] or 0):.1f} %); report: {run_dir / 'report.html'}")
@@ -296,6 +302,16 @@ def run_aa_check(request: CompareRequest) -> dict[str, Any]:
     _, run_dir = run_aa(request, None, {"cluster.aa_check": False, "cluster.swap_nodes": False})
     verdict = json.loads((run_dir / VERDICT).read_text(encoding="utf-8"))
     return {"run_dir": str(run_dir), "overall": verdict.get("overall"), "reason": verdict.get("reason")}
+
+
+def _conclusion(plan):
+    """How a run ends: the gate's verdict and report (:func:`conclude`), or an attribution's effects
+    (:func:`harness.attribution.conclude`)."""
+    if plan.scenario.attribution is None:
+        return conclude
+    from harness.attribution import conclude as conclude_attribution
+
+    return conclude_attribution
 
 
 def conclude(run_dir: Path, console) -> int:

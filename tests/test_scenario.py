@@ -17,7 +17,8 @@ def test_three_scenarios_are_shipped():
 def test_shipped_scenarios_validate(name):
     scenario = load_scenario(name)
     assert scenario.name == name
-    assert scenario.arm_names()[0] == "baseline"
+    first = "baseline" if scenario.attribution is None else "f" + "0" * len(scenario.attribution.factors)
+    assert scenario.arm_names()[0] == first   # an attribution's all-off arm is the baseline's path
     assert {arm.route for arm in scenario.arms.values()} == {"baseline", "candidate"}
 
 

@@ -78,7 +78,7 @@ def manifest_record(spec: ClusterSpec, arms: Sequence[str], blocks: int) -> dict
     swapping and which arm is to run where in each block; ``nodes`` is filled once the cluster is connected."""
     return {"backend": spec.backend, "address": spec.address if spec.backend == "ray" else None,
             "swap_nodes": spec.swap_nodes, "nodes": [],
-            "assignments": assignments(list(arms), blocks, spec.slots(), spec.swap_nodes)}
+            "assignments": assignments(list(arms), blocks, spec.slots(list(arms)), spec.swap_nodes)}
 
 
 def session_placement(scenario: Scenario, slot: Slot, block: int, node: Mapping[str, str], log_text: str,

@@ -4,7 +4,7 @@ Ray actors, pinned cores or GPUs, node swaps). Validated here; the slots they de
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Sequence
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
@@ -84,6 +84,7 @@ class ClusterSpec(Frozen):
             raise ValueError(f"both arms claim CPU cores {shared}; give each arm its own cores (cpu_cores)")
         return self
 
-    def slots(self) -> dict[str, Slot]:
-        """Each arm's declared slot (an arm without a table: anywhere, vLLM's own binding)."""
-        return {arm: self.arms.get(arm, ArmPlacementSpec()).slot(self.backend) for arm in ("baseline", "candidate")}
+    def slots(self, names: Sequence[str] = ("baseline", "candidate")) -> dict[str, Slot]:
+        """Each arm's declared slot (an arm without a table: anywhere, vLLM's own binding); ``names``: the run's arms
+        (an attribution's generated arms have no table: each runs anywhere, one server at a time)."""
+        return {arm: self.arms.get(arm, ArmPlacementSpec()).slot(self.backend) for arm in names}

@@ -13,10 +13,11 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from dsa_route import routing, serve_path
 from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
+from dsa_route.knobs import ENV_KNOBS, knob_refusals
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
 from harness.run.scenario import RegimeSpec, Scenario, resolve_path
@@ -325,6 +326,17 @@ def _injection_refusals(injection: Injection | None, decision: routing.RouteDeci
     return refusals
 
 
+def same_commands(arms: Sequence[ArmPlan]) -> list[tuple[str, str]]:
+    """Pairs of arms (names, plan order) that would run the same thing: server command, environment (the knobs'
+    carrier ``DSA_ROUTE_KNOBS`` aside), vLLM build and the classes the plugin registers all equal — e.g. two
+    attribution arms that differ only in the implementation knob on CPU, where dsa_route serves both values."""
+    def key(arm: ArmPlan):
+        env = {k: v for k, v in arm.server_env.items() if k != ENV_KNOBS}
+        return arm.server_args, env, arm.vllm, dict(arm.decision.implementation)
+
+    return [(a.name, b.name) for i, a in enumerate(arms) for b in arms[i + 1:] if key(a) == key(b)]
+
+
 def _session_notes(scenario: Scenario) -> list[str]:
     """The run notes on how concurrent servers are scheduled: fresh sessions per block, or a duet."""
     serve, cluster = scenario.serve, scenario.cluster
@@ -357,15 +369,14 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
     mtp_tokens = scenario.mtp.num_speculative_tokens or None
     draft_type = MODEL_TYPES[scenario.model.architecture] if mtp_tokens else None
     arms = []
-    for name in scenario.arm_names():
-        spec = scenario.arms[name]
+    for name, spec in scenario.run_arms().items():
         given_env = {**scenario.serve.env, **spec.env}
         choice = (ask_vllm(scenario.model.architecture, machine, given_env, draft_type)
                   if spec.route == "auto" and ask_vllm is not None else None)
         decision = routing.decide(
             [scenario.model.architecture], machine.name, env=given_env, speculative_model_type=draft_type,
             kv_cache_dtype=scenario.serve.kv_cache_dtype, route=spec.route, has_triton=machine.has_triton,
-            vllm_choice=choice,
+            vllm_choice=choice, knobs=spec.knobs,
         )
         route_args, route_env, unavailable = serve_path.serve_overrides(
             decision, machine.name, has_triton=machine.has_triton, num_speculative_tokens=mtp_tokens)
@@ -374,7 +385,8 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
         if injection is not None:
             env[ENV_INJECT] = injection.spec
         refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton) + _injection_refusals(
-            injection, decision, machine.name, mtp_tokens or 0)
+            injection, decision, machine.name, mtp_tokens or 0) + knob_refusals(spec.knobs, machine.name,
+                                                                                machine.has_triton)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision,
             unavailable=tuple(unavailable),
@@ -384,12 +396,18 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
             server_env=env, model_path=model_path, served_model_name=served_name, tokenizer=tokenizer,
             refusals=tuple(refusals), vllm=spec.vllm,
         ))
-    baseline, candidate = arms
-    identical = (baseline.server_args == candidate.server_args and baseline.server_env == candidate.server_env
-                 and baseline.vllm == candidate.vllm)
+    refused = [f"arm {arm.name}: {why}" for arm in arms for why in arm.refusals]
+    if refused and len(arms) > 2:   # an attribution's combination vLLM refuses: no design to plan (exit 2)
+        raise PlanError(refused[0])
+    same = same_commands(arms)
+    identical = len(arms) == 2 and bool(same)
     if identical and not scenario.allow_identical_arms:
         raise PlanError(f"on {machine.name} both arms resolve to the same server command and environment; "
                         f"nothing would be compared — add arm-specific extra_args or run on another platform")
+    if same and len(arms) > 2:
+        raise PlanError(f"on {machine.name} arms {same[0][0]} and {same[0][1]} resolve to the same server command "
+                        f"and environment: a factor that changes nothing here cannot be attributed — drop it or "
+                        f"run on a platform that has its knob")
     notes = []
     if identical:
         notes.append("A/A calibration run: both arms use the same server command and environment on purpose "

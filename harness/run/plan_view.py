@@ -80,7 +80,11 @@ def _order_text(plan: Plan) -> str:
 def _placement_line(plan: Plan) -> str:
     """Where each arm runs in blocks 0 and 1 (``[cluster]``)."""
     spec = plan.scenario.cluster
-    where = "; ".join(f"{name}: {slot.describe()}" for name, slot in spec.slots().items())
+    slots = spec.slots([arm.name for arm in plan.arms])
+    if len(slots) > 2 and len({slot.describe() for slot in slots.values()}) == 1:
+        where = f"every arm: {next(iter(slots.values())).describe()}, one server at a time"
+    else:
+        where = "; ".join(f"{name}: {slot.describe()}" for name, slot in slots.items())
     address = f" at {spec.address}" if spec.backend == "ray" else ""
     return (f"placement ({spec.backend}{address}): {where}"
             + (" — swapped every other block" if spec.swap_nodes else ""))

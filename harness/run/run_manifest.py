@@ -61,6 +61,10 @@ class RunArm(ArmRecord):
     decision: RouteDecision
     observed: Annotated[Observation | RemoteObservation | None, BeforeValidator(_observation)] = None
 
+    @field_serializer("decision")
+    def _decision_data(self, decision: RouteDecision, info) -> dict[str, Any]:
+        return decision.to_dict()   # per-knob overrides only where an attribution arm has them
+
     @field_serializer("observed")
     def _observed_data(self, observed: Observation | RemoteObservation | None, info) -> dict[str, Any]:
         return {} if observed is None else observed.model_dump(mode=info.mode)

@@ -58,7 +58,7 @@ class Runner:
         self.servers: dict[str, VllmServer | RemoteServer] = {}
         self.server_round: dict[str, int] = {}   # the session block each running local server was started for
         self.server_slot: dict[str, Slot] = {}   # where each running server runs
-        self.slots = plan.scenario.cluster.slots()
+        self.slots = plan.scenario.cluster.slots([arm.name for arm in plan.arms])
         self.cluster = None                       # the Ray backend (harness.run.ray_backend.RayBackend) when used
         self.node_versions: dict[str, dict[str, str | None]] = {}
         self.dead_arms: dict[str, str] = {}   # arm → reason it stopped

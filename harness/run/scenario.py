@@ -12,8 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from dsa_route.inject import Injection, parse_injection
 from harness.judge.policy import GatePolicy
+from harness.run.arm_spec import ArmSpec
+from harness.run.factors import AttributionSpec, generated_arms
 from harness.run.cluster_spec import ClusterSpec
 from harness.run.spec_base import Frozen as _Frozen, one_of as _one_of
 from harness.rundir.files import first_error
@@ -84,34 +85,6 @@ class ServeSpec(_Frozen):
     def vllm_quantization(self) -> str | None:
         """The value for vLLM's ``--quantization`` (None: not passed)."""
         return QUANTIZATIONS[self.quantization]
-
-
-class ArmSpec(_Frozen):
-    """One side of the comparison: which routing path it pins, plus arm-only extra args and env."""
-
-    route: Literal["baseline", "candidate", "auto"]   # auto: what the installed vLLM itself does
-    description: str = ""
-    extra_args: tuple[str, ...] = ()
-    env: dict[str, str] = Field(default_factory=dict)
-    vllm: str | None = None   # this arm's vLLM build: a virtualenv's bin/vllm or bin/python (None: this environment's)
-    inject: str | None = None  # a calibration injection (dsa_route.inject: topk-random, indexer-rope-flip, step-delay:<ms>)
-    packages_differ: bool = False   # this arm's installed packages are meant to differ from the other arm's (e.g.
-    # its env sets PYTHONPATH to another kernel package); an arm with its own `vllm` declares that already
-
-    @field_validator("inject")
-    @classmethod
-    def _known_injection(cls, value: str | None) -> str | None:
-        parsed = parse_injection(value)  # ValueError names the allowed values
-        return None if parsed is None else parsed.spec
-
-    def injection(self) -> Injection | None:
-        """The parsed :attr:`inject` (None when off)."""
-        return parse_injection(self.inject)
-
-    @field_validator("vllm")
-    @classmethod
-    def _expand(cls, value: str | None) -> str | None:
-        return None if value is None else str(Path(value).expanduser())
 
 
 LEVEL_TIMEOUT_HEADROOM = 2.0
@@ -406,6 +379,16 @@ class Scenario(_Frozen):
     # The design of scenarios/design-study/cpu.toml this scenario's run design is (None: none of a study's): the plan
     # and the report compare it with the cheapest design the study of this machine found (harness.render.designs).
     design: str | None = None
+    attribution: AttributionSpec | None = None   # factorial attribution (harness.run.factors; `dsa-bench attribute`)
+
+    @model_validator(mode="after")
+    def _attribution_one_server_at_a_time(self) -> "Scenario":
+        if self.attribution is None:
+            return self
+        if self.serve.concurrent_servers or self.serve.duet or self.cluster.swap_nodes:
+            raise ValueError("an attribution runs one arm's server at a time per block: set serve.concurrent_servers "
+                             "= false, serve.duet = false and cluster.swap_nodes = false")
+        return self
 
     @model_validator(mode="after")
     def _two_arms(self) -> "Scenario":
@@ -492,8 +475,15 @@ class Scenario(_Frozen):
         return not serve.concurrent_servers or serve.restart_per_block or serve.duet or self.cluster.swap_nodes
 
     def arm_names(self) -> list[str]:
-        """Arm names, baseline first."""
-        return ["baseline", "candidate"]
+        """Arm names in plan order: baseline first; an attribution's generated arms in design order."""
+        return list(self.run_arms())
+
+    def run_arms(self) -> dict[str, ArmSpec]:
+        """The arms a run starts: ``[arms.baseline]`` and ``[arms.candidate]``, or with ``[attribution]`` the
+        generated arms (:func:`harness.run.factors.generated_arms` on the baseline arm)."""
+        if self.attribution is None:
+            return {"baseline": self.arms["baseline"], "candidate": self.arms["candidate"]}
+        return {name: arm for name, (_, arm) in generated_arms(self.attribution, self.arms["baseline"]).items()}
 
 
 def scenario_from_dict(data: dict[str, Any], source: str = "<scenario>") -> Scenario:

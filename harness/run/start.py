@@ -63,8 +63,8 @@ def round_order(plan: Plan, round_: int) -> list[Level]:
 def schedule(plan: Plan) -> list[tuple[str, Level, int]]:
     """(arm, level, round) in run order, over :meth:`Plan.levels`, each round's levels in :func:`round_order`.
 
-    Sequential servers: session blocks, each both arms one after the other in the order
-    :func:`~harness.judge.planning.baseline_first` draws (``workload.block_order``: a seeded coin per block, or
+    Sequential servers: session blocks, each every arm one after the other in the order :func:`block_arms` draws
+    (two arms: :func:`~harness.judge.planning.baseline_first`, ``workload.block_order``: a seeded coin per block, or
     ABBA); in a block one arm's server session measures ``workload.rounds_per_session`` consecutive rounds
     (:meth:`Plan.block_of`).
     Concurrent servers: both arms' servers are up together and alternate per level in ABBA order, so drift hits
@@ -88,9 +88,20 @@ def schedule(plan: Plan) -> list[tuple[str, Level, int]]:
             order += [(name, c, r) for step, (c, r) in enumerate(steps)
                       for name in (first if step % 2 == 0 else first[::-1])]
         return order
-    return [(name, c, r) for block in blocks
-            for name in (names if baseline_first(work.seed, block, work.block_order) else names[::-1])
+    return [(name, c, r) for block in blocks for name in block_arms(names, work.seed, block, work.block_order)
             for r in rounds if plan.block_of(r) == block for c in round_order(plan, r)]
+
+
+def block_arms(names: list[str], seed: int, block: int, block_order: str = "random") -> list[str]:
+    """The order of the arms' server sessions in sequential session block ``block``. Two arms: the baseline first or
+    second by :func:`~harness.judge.planning.baseline_first` (a seeded coin, or ABBA). More (an attribution's
+    generated arms): a permutation drawn from ``random.Random(f"{seed}:arms:{block}")``, new each block — every arm
+    once per block, its position random, so drift within a block is not tied to one factor level."""
+    if len(names) == 2:
+        return names if baseline_first(seed, block, block_order) else names[::-1]
+    order = list(names)
+    random.Random(f"{seed}:arms:{block}").shuffle(order)
+    return order
 
 
 def new_run_dir(out_dir: Path, scenario_name: str) -> Path:

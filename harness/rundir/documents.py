@@ -146,3 +146,93 @@ class VerdictDocument(_Open):
     correctness: tuple[CorrectnessCellDoc, ...] = ()   # token divergence and parity against the A/A envelope
     slo: tuple[dict[str, Any], ...] = ()       # SLO attainment per arm and level (harness.judge.attainment)
     prefix_cache: tuple[dict[str, Any], ...] = ()   # prefix-cache hit rate per arm and level (harness.judge.prefix_cache)
+
+
+class AttributionEffect(BaseModel):
+    """One estimated effect of an attribution (``harness.judge.attribution``): ``term`` (a factor name, or two joined
+    by ``×``), its ``letters`` (``"A"``, ``"BC"``) and ``alias`` (the letters it is aliased with in a fraction, else
+    None), the ``metric`` and ``level``, ``scale`` (``"log"``: the effect is a difference of natural logs, ``percent``
+    = 100·(e^estimate − 1); ``"linear"``: in the metric's unit), the estimate with its standard error, the
+    ``ci_low``/``ci_high`` interval at ``1 − alpha`` (t with ``df`` residual degrees of freedom), the two-sided
+    ``p`` and ``p_holm`` (Holm over every effect tested, ``tests`` of them), ``attributed`` (``p_holm < alpha``), and
+    ``note`` (e.g. "no variation")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    term: str
+    letters: str
+    alias: str | None = None
+    metric: str
+    level: str
+    scale: Literal["log", "linear"]
+    estimate: float
+    se: float
+    ci_low: float
+    ci_high: float
+    df: int
+    p: float | None = None
+    p_holm: float | None = None
+    attributed: bool = False
+    percent: float | None = None
+    note: str | None = None
+
+
+class AttributionObservation(BaseModel):
+    """One (arm, block, level) observation: the arm's session in that block, its factor levels (0/1) and the
+    block's means (tok/s, ms, tokens; None where not measured)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    arm: str
+    block: int
+    level: str
+    levels: dict[str, int]
+    session: int | None = None
+    rounds: int = 1
+    output_throughput: float | None = None
+    server_mean_tpot_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    acceptance_length: float | None = None
+    engine_steps_per_s: float | None = None
+    tokens_per_step: float | None = None
+    load_avg_1m: float | None = None
+
+
+class WaterfallStep(BaseModel):
+    """One bar of the baseline → candidate waterfall: the factor switched on at this step, the model's predicted
+    value before and after (log metrics: natural log), and the change."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    factor: str
+    before: float
+    after: float
+    change: float
+
+
+class AttributionDocument(BaseModel):
+    """``attribution.json``: the design (``design`` "full" | "half", ``factors`` in order with their letters,
+    ``generator`` and ``aliases`` of a fraction), the model (``model``: what was fitted), α and the multiplicity
+    (``tests``: how many effects Holm ran over), the observations, the effects, the waterfall per (metric, level),
+    the arms (levels, intended path, attestation) and the schedule; ``notes`` in words."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    schema_version: Literal[1] = 1
+    run_id: str | None = None
+    scenario: str | None = None
+    design: Literal["full", "half"]
+    factors: list[str]
+    letters: dict[str, str]
+    generator: str | None = None
+    aliases: dict[str, str] = Field(default_factory=dict)
+    alpha: float
+    tests: int
+    model: str
+    blocks: int
+    observations: list[AttributionObservation]
+    effects: list[AttributionEffect]
+    waterfall: dict[str, list[WaterfallStep]] = Field(default_factory=dict)   # "metric @ level" → steps
+    arms: list[dict[str, Any]] = Field(default_factory=list)
+    schedule: list[list[Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)

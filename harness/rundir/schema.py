@@ -41,8 +41,9 @@ from pydantic import Field
 
 from harness.rundir.budget import BudgetRecord  # re-exported
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
-from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary, ParitySummary,
-                                      VerdictCell, VerdictDocument)
+from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary,  # re-exported
+                                      AttributionDocument, AttributionEffect, AttributionObservation, ParitySummary,
+                                      VerdictCell, VerdictDocument, WaterfallStep)
 from harness.rundir.levels import DATASETS, Level, LevelKey, Regime, level_regimes, workload_levels  # re-exported
 from harness.rundir.observation import Observation, RemoteObservation  # re-exported
 from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
@@ -68,6 +69,7 @@ PARITY_DIR = "parity"                           # parity/<arm>.json
 RAW_DIR = "raw"
 LOGS_DIR = "logs"
 VERDICT = "verdict.json"
+ATTRIBUTION = "attribution.json"   # a factorial attribution's effects (AttributionDocument)
 SUMMARY = "summary.md"
 PYTORCH_JSON = "benchmark.pytorch.json"
 REPORT = "report.html"
@@ -372,6 +374,7 @@ class Manifest(_Record):
 # CSV rows: harness.rundir.rows (re-exported above)
 
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
+    "ATTRIBUTION", "AttributionDocument", "AttributionEffect", "AttributionObservation", "WaterfallStep",
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "BudgetRecord", "ClusterRecord", "EXIT_CODES",
