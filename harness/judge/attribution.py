@@ -32,7 +32,7 @@ from statsmodels.stats.multitest import multipletests
 
 from harness.judge.factorial import LETTERS, aliases, effect_terms
 
-__all__ = ["LOG_METRICS", "analyse", "fit_metric", "waterfall"]
+__all__ = ["LOG_METRICS", "analyse", "fit_metric", "waterfall", "design_matrix"]
 
 LOG_METRICS = ("output_throughput", "total_token_throughput", "request_throughput", "server_mean_tpot_ms",
                "mean_tpot_ms", "median_tpot_ms", "mean_ttft_ms", "server_mean_ttft_ms", "mean_itl_ms")
@@ -42,9 +42,11 @@ FALLBACK = {"server_mean_tpot_ms": "mean_tpot_ms"}
 """Where a metric was not measured in a run (no /metrics columns), the client's counterpart, said in the notes."""
 
 
-def _columns(rows: Sequence[dict[str, Any]], terms: list[tuple[int, ...]], factors: Sequence[str],
+def design_matrix(rows: Sequence[dict[str, Any]], terms: list[tuple[int, ...]], factors: Sequence[str],
              blocks: list[int]) -> np.ndarray:
-    """The design matrix: one indicator per block, then one column per term (products of x_i = level − ½)."""
+    """The design matrix ``[len(rows), len(blocks) + len(terms)]``: one indicator per block, then one column per term
+    (products of x_i = level − ½ over the term's factor indices). ``rows``: dicts with ``levels`` (factor → 0|1)
+    and ``block``."""
     out = []
     for row in rows:
         x = [row["levels"][f] - 0.5 for f in factors]
@@ -73,7 +75,7 @@ def fit_metric(rows: Sequence[dict[str, Any]], factors: Sequence[str], design: s
         if (y <= 0).any():
             raise ValueError(f"{metric}: a value ≤ 0 cannot be fitted on the log scale")
         y = np.log(y)
-    X = _columns(used, terms, factors, blocks)
+    X = design_matrix(used, terms, factors, blocks)
     n, params = len(y), len(blocks) + len(terms)
     df = n - int(np.linalg.matrix_rank(X)) if n else 0
     facts: dict[str, Any] = {"n": n, "df": df, "blocks": len(blocks), "beta": {}, "mu": float("nan")}
