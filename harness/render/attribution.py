@@ -58,8 +58,8 @@ def step_rows(sizes: InjectedSizes) -> list[dict[str, object]]:
     """One display row per delayed arm and route: arm, level, route, delay (ms), step and reference step (ms, one
     decimal), the sleeps per step the difference implies (two decimals) and the excess (ms)."""
     return [{"arm": s.arm, "level": s.level, "route": s.route, "delay": f"{s.delay_ms:g}", "step": f"{s.step_ms:.1f}",
-             "reference": f"{s.reference_ms:.1f}", "sleeps": f"{s.sleeps_per_step:.2f}", "excess": f"{s.excess_ms:+.1f}"}
-            for s in sizes.steps]
+             "reference": f"{s.reference_ms:.1f}", "sleeps": f"{s.sleeps_per_step:.2f}",
+             "excess": f"{s.excess_ms:+.1f}"} for s in sizes.steps]
 
 
 def sizes_headline(sizes: InjectedSizes) -> str:
