@@ -42,8 +42,8 @@ import numpy as np
 from harness.judge.attribution import design_matrix
 from harness.judge.factorial import LETTERS, effect_terms
 
-__all__ = ["THROUGHPUT", "TPOT", "UNCHANGED", "SLEEPS_PER_STEP", "references", "step_ms", "expected_effects",
-           "check_sizes", "step_checks", "injected_sizes"]
+__all__ = ["THROUGHPUT", "TPOT", "UNCHANGED", "TOLERANCE", "SLEEPS_PER_STEP", "references", "step_ms",
+           "expected_effects", "check_sizes", "step_checks", "injected_sizes"]
 
 THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 TPOT = ("server_mean_tpot_ms", "mean_tpot_ms", "median_tpot_ms")
