@@ -18,8 +18,8 @@ design is orthogonal to the blocks and the effect estimates are the same either 
 
 Intervals: ``estimate ± t_{1−α/2, df}·se`` from the OLS fit, df = observations − fitted parameters (statsmodels
 ``OLS(y, X).fit()`` with one indicator column per block and no intercept: ``RegressionResults.conf_int`` / ``bse`` /
-``pvalues``, statsmodels.org regression docs; blocking a 2^k design: Montgomery, *Design and Analysis of
-Experiments*, §6.7). Multiplicity: Holm (1979) over every effect tested (terms × metrics × levels), at α — the project's
+``pvalues``, statsmodels.org regression docs; a replicated 2^k in blocks: Montgomery, *Design and Analysis of
+Experiments*, §7.2). Multiplicity: Holm (1979) over every effect tested (terms × metrics × levels), at α — the project's
 one Holm, :func:`harness.judge.stats.holm_test` and :func:`~harness.judge.stats.holm_adjust`; an effect is
 *attributed* when Holm rejects it (its Holm-adjusted p ≤ α). The intervals are the marginal 1 − α ones (their Holm
 counterpart is the adjusted p). The familywise rate over a run's effects, simulated on recorded sessions with no
@@ -48,7 +48,7 @@ FALLBACK = {"server_mean_tpot_ms": "mean_tpot_ms"}
 
 
 def design_matrix(rows: Sequence[dict[str, Any]], terms: list[tuple[int, ...]], factors: Sequence[str],
-             blocks: list[int]) -> np.ndarray:
+                  blocks: list[int]) -> np.ndarray:
     """The design matrix ``[len(rows), len(blocks) + len(terms)]``: one indicator per block, then one column per term
     (products of x_i = level − ½ over the term's factor indices). ``rows``: dicts with ``levels`` (factor → 0|1)
     and ``block``."""
