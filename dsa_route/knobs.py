@@ -88,6 +88,20 @@ def knob_refusals(knobs: Mapping[str, str], platform: str, has_triton: bool) -> 
     return refusals
 
 
+def decision_refusals(decision: "RouteDecision", knobs: Mapping[str, str], platform: str,
+                      has_triton: bool) -> list[str]:
+    """:func:`knob_refusals` of an arm's ``knobs`` together with what they leave the decision with: a knob meets the
+    route's own values too — ``compilation_mode=VLLM_COMPILE`` on the candidate route, whose breakable graphs vLLM
+    answers with ``NONE``, is refused like the two knobs given together. The model runner is the knobs' only (on a
+    platform without Triton the translation, :mod:`dsa_route.serve_path`, already runs the route's MRV2 as V1).
+    Empty without knobs."""
+    if not knobs:
+        return []
+    values = {"breakable_cudagraph": "on" if decision.breakable_cudagraph else "off",
+              "compilation_mode": decision.compilation_mode, **knobs}
+    return knob_refusals(values, platform, has_triton)
+
+
 def knobs_to_env(knobs: Mapping[str, str]) -> str:
     """``{"compilation_mode": "NONE"}`` → ``"compilation_mode=NONE"`` (sorted; empty string for no knobs)."""
     return ",".join(f"{k}={v}" for k, v in sorted(knobs.items()))

@@ -50,7 +50,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_attribute(args: argparse.Namespace) -> int:
     """``dsa-bench attribute``: the factorial attribution of a scenario's ``[attribution]`` factors
     (:mod:`harness.attribution`). ``--plan``: the design, each generated arm's path and the cost; start nothing.
-    ``--report RUN_DIR``: the effects of a finished run again. Exit 0 when every level was measured, else 1."""
+    ``--report PATH``: the effects of a finished run again (a run directory, or a stored ``attribution.json``). Exit 0
+    when every level was measured, else 1."""
     from harness import attribution
 
     if args.report:
@@ -167,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     attribute.add_argument("--budget", type=_duration, metavar="TIME", help="wall-clock budget (default: "
                                                                             "workload.budget_s)")
     attribute.add_argument("--plan", action="store_true", help="print the design, every arm's path and the cost")
-    attribute.add_argument("--report", metavar="RUN_DIR", help="compute the effects of a finished run again")
+    attribute.add_argument("--report", metavar="PATH", help="compute the effects of a finished run again (its run "
+                                                          "directory, or a stored attribution.json alone)")
     attribute.set_defaults(func=cmd_attribute, resume=None, continue_on_error=False)
     calibrate = add_calibrate(sub)
     _add_scenario_flags(calibrate)

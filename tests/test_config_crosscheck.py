@@ -66,9 +66,9 @@ def vd(supported_vllm):
     return vllm_resolve
 
 
-def gpu_plan(name: str, platform: str) -> plan_mod.Plan:
+def gpu_plan(name: str, platform: str, overrides: dict | None = None) -> plan_mod.Plan:
     """The scenario's plan on a GPU node of ``platform`` with its GPU count (what the plan writes there)."""
-    scenario = load_scenario(name)
+    scenario = load_scenario(name, overrides)
     machine = Machine(name=platform, device=f"planned {platform} node", cpu_count=16,
                       gpu_count=scenario.serve.tensor_parallel_size, has_triton=True)
     return plan_mod.build_plan(scenario, machine, locate(scenario))
@@ -165,3 +165,53 @@ def test_the_simulation_leaves_no_trace(vd):
     assert (type(current_platform), dict(os.environ), {a: str(m) for a, m in ModelRegistry.models.items()}) == before
     assert V32 in ModelRegistry.models
 
+
+
+# --- every arm an attribution design generates ------------------------------------------------------------------
+
+ATTRIBUTION = "glm-5.2-nvfp4-tp4-attribution"
+ATTRIBUTION_FACTORS = ("implementation", "runner", "breakable", "mtp_eager")   # the arm name's digits, in this order
+
+
+@pytest.fixture(scope="module")
+def attribution_plan(supported_vllm):
+    scenario = load_scenario(ATTRIBUTION)
+    assert tuple(f.name for f in scenario.attribution.factors) == ATTRIBUTION_FACTORS
+    return gpu_plan(ATTRIBUTION, "cuda")
+
+
+@pytest.mark.parametrize("arm_name", [pytest.param(n, id=f"{ATTRIBUTION}-{n}")
+                                      for n in load_scenario(ATTRIBUTION).arm_names()])
+def test_every_generated_attribution_arm_resolves_to_its_knobs(vd, attribution_plan, arm_name):
+    """Each of the 2^(4−1) arms: vLLM's own config code on its command resolves the plan's intended path, and that
+    path is the one its factor levels name (written out here from the knobs, not derived from the decision)."""
+    arm = next(a for a in attribution_plan.arms if a.name == arm_name)
+    effective = vd.resolve_serve(serve_args(arm), arm.server_env, "cuda")
+    assert vd.path_mismatches(vd.intended_path(arm.intended, arm.decision, "cuda"), effective) == []
+    impl, runner, breakable, draft_graphs = (int(c) for c in arm_name[1:])
+    assert (effective.model_runner, effective.breakable_cudagraph, effective.compilation_mode) == (
+        ("v1", "v2")[runner], bool(breakable), ("VLLM_COMPILE", "NONE")[breakable])
+    assert effective.implementation.startswith((GENERIC + ":", NVIDIA + ".")[impl])
+    assert effective.mtp_implementation == (GENERIC_MTP, f"{NVIDIA}.mtp:DeepseekV32MTP")[impl]
+    assert bool(effective.mtp_enforce_eager) == (not draft_graphs)
+
+
+def test_the_generated_arms_are_the_designs_eight_distinct_paths(vd, attribution_plan):
+    paths = {tuple(sorted(vd.intended_path(arm.intended, arm.decision, "cuda").items()))
+             for arm in attribution_plan.arms}
+    assert len(attribution_plan.arms) == 8 and len(paths) == 8 and not any(a.refusals for a in attribution_plan.arms)
+
+
+def test_a_knob_vllm_resolves_otherwise_is_caught_and_the_plan_refuses_it(vd):
+    """compilation_mode=VLLM_COMPILE on the candidate route: the decision intends VLLM_COMPILE with breakable graphs
+    on, which vLLM 0.32 answers with NONE (_maybe_enable_breakable_cudagraph). The cross-check names the field and
+    the knob; the plan refuses the arm with the same reason (dsa_route.knobs.decision_refusals), so an attribution
+    design holding it exits 2 before anything starts."""
+    plan = gpu_plan("glm-5.2-nvfp4-tp4", "cuda", {"arms.candidate.knobs": {"compilation_mode": "VLLM_COMPILE"}})
+    arm = next(a for a in plan.arms if a.name == "candidate")
+    assert arm.intended["compilation_mode"] == "VLLM_COMPILE" and arm.intended["breakable_cudagraph"] is True
+    effective = vd.resolve_serve(serve_args(arm), arm.server_env, "cuda")
+    mismatches = vd.path_mismatches(vd.intended_path(arm.intended, arm.decision, "cuda"), effective)
+    assert any(m.startswith("compilation_mode: intended 'VLLM_COMPILE'") and "resolved 'NONE'" in m
+               and "knob: --compilation-config mode" in m for m in mismatches), mismatches
+    assert len(arm.refusals) == 1 and "breakable_cudagraph=on with compilation_mode=VLLM_COMPILE" in arm.refusals[0]

@@ -142,3 +142,19 @@ def test_the_gpu_attribution_plan_lists_every_arm_path_and_the_cost(capsys):
     assert "2^(4−1) fraction, D = ABC" in out and "AB=CD" in out and "32 server sessions" in out
     assert re.search(r"GPU-hours \(4 GPUs held\)", out)
     assert sum(f"== arm {arm_name(r)} " in out for r in design_rows(4, "half")) == 8
+
+
+def test_a_knob_that_meets_the_routes_own_breakable_graphs_is_refused_in_one_line(tmp_path, capsys):
+    """An attribution whose arms start from the candidate route (breakable graphs on) with a compilation-mode factor:
+    its VLLM_COMPILE arms would run as NONE in vLLM (the cross-check test shows vLLM resolving it so), so the plan
+    refuses the design — one line, exit 2, nothing started."""
+    path = tmp_path / "s.toml"
+    path.write_text(f'include = "{SCENARIOS / "glm-5.2-nvfp4-tp4-attribution.toml"}"\nname = "x"\n'
+                    'allow_identical_arms = true\n\n[arms.baseline]\nroute = "candidate"\n\n'
+                    '[[attribution.factors]]\nname = "compile"\nknob = "compilation_mode"\nlow = "NONE"\n'
+                    'high = "VLLM_COMPILE"\n\n[[attribution.factors]]\nname = "eager"\nknob = "mtp_draft_eager"\n'
+                    'low = "off"\nhigh = "on"\n')
+    assert main(["attribute", "--scenario", str(path), "--plan"]) == 2   # a run on a GPU node plans the same way
+    err = capsys.readouterr().err
+    assert re.search(r"arm f10: breakable_cudagraph=on with compilation_mode=VLLM_COMPILE", err) and \
+        err.count("\n") == 1, err

@@ -3,7 +3,8 @@
 import pytest
 
 from dsa_route import plugin, routing, serve_path
-from dsa_route.knobs import ENV_KNOBS, KNOBS, KnobError, check_knobs, knob_refusals, knobs_from_env, knobs_to_env
+from dsa_route.knobs import (ENV_KNOBS, KNOBS, KnobError, check_knobs, decision_refusals, knob_refusals, knobs_from_env,
+                             knobs_to_env)
 
 GLM = "GlmMoeDsaForCausalLM"
 V32 = "DeepseekV32ForCausalLM"
@@ -89,6 +90,16 @@ def test_refused_combinations_name_vllms_source():
     both = knob_refusals({"breakable_cudagraph": "on", "compilation_mode": "VLLM_COMPILE"}, "cuda", has_triton=True)
     assert len(both) == 1 and "_maybe_enable_breakable_cudagraph" in both[0]
     assert knob_refusals({"breakable_cudagraph": "on", "model_runner": "v1"}, "cuda", has_triton=True) == []
+
+
+def test_a_knob_meets_the_routes_own_values_in_the_refusal():
+    compiled = {"compilation_mode": "VLLM_COMPILE"}
+    refused = decision_refusals(cuda("candidate", knobs=compiled), compiled, "cuda", has_triton=True)
+    assert len(refused) == 1 and "breakable_cudagraph=on with compilation_mode=VLLM_COMPILE" in refused[0]
+    assert decision_refusals(cuda("baseline", knobs=compiled), compiled, "cuda", has_triton=True) == []
+    assert decision_refusals(cuda("candidate"), {}, "cuda", has_triton=True) == []   # the route alone: vLLM's own
+    on_cpu = routing.decide([V32], "cpu", route="candidate", has_triton=False, knobs={"compilation_mode": "NONE"})
+    assert decision_refusals(on_cpu, {"compilation_mode": "NONE"}, "cpu", has_triton=False) == []   # MRV2: V1 there
 
 
 class _Probe:

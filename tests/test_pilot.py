@@ -22,7 +22,8 @@ from harness.run import pilot, plan_view
 from harness.run import plan as plan_mod
 from harness.run import runner as runner_mod
 from harness.run import duet as duet_mod
-from harness.run.scenario import LEVEL_TIMEOUT_HEADROOM, ScenarioError, load_scenario
+from harness.run.scenario import ScenarioError, load_scenario
+from harness.run.workload_spec import LEVEL_TIMEOUT_HEADROOM
 from harness.rundir import schema
 from harness.rundir.store import RunDir
 from fakes.support import SCENARIO as FAULT_SCENARIO, StubServer, clean_environ, fake_env, leftovers

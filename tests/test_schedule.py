@@ -40,7 +40,7 @@ def test_sequential_blocks_hold_rounds_per_session_rounds_in_abba_order():
 def test_random_block_order_is_a_seeded_coin_per_block_and_keeps_blocks_whole():
     from harness.judge.planning import baseline_first
 
-    from harness.run.scenario import WorkloadSpec
+    from harness.run.workload_spec import WorkloadSpec
 
     assert WorkloadSpec.model_fields["block_order"].default == "random"
     plan = _plan(repeats=16, rounds_per_session=2, concurrency=[1, 4], block_order="random")
@@ -166,7 +166,7 @@ def test_validity_plans_repeats_times_rounds_per_session_rounds():
 
 
 def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, monkeypatch):
-    from harness.run import runner as runner_mod
+    from harness.run import runner as runner_mod, server_sessions
 
     plan = _plan(repeats=1, rounds_per_session=1, concurrency=[1])
     run = runner_mod.Runner(plan, tmp_path / "run", runner_mod.RunOptions())
@@ -179,15 +179,15 @@ def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, mo
 
         def start(self, timeout):
             if len(ports) == 1:
-                raise runner_mod.ServerError("server exited with code 1 before it was ready, last lines:\n"
-                                             "OSError: [Errno 98] Address already in use")
-            raise runner_mod.ServerError("server exited with code 1 before it was ready")
+                raise server_sessions.ServerError("server exited with code 1 before it was ready, last lines:\n"
+                                                  "OSError: [Errno 98] Address already in use")
+            raise server_sessions.ServerError("server exited with code 1 before it was ready")
 
-    monkeypatch.setattr(runner_mod, "VllmServer", FlakyServer)
+    monkeypatch.setattr(server_sessions, "VllmServer", FlakyServer)   # where the runner's server sessions start
     ports_free = iter([40001, 40002, 40003])
-    monkeypatch.setattr(runner_mod, "free_port", lambda: next(ports_free))
+    monkeypatch.setattr(server_sessions, "free_port", lambda: next(ports_free))
     import pytest
 
-    with pytest.raises(runner_mod.ServerError, match="code 1 before it was ready$"):
+    with pytest.raises(server_sessions.ServerError, match="code 1 before it was ready$"):
         run._start_server(plan.arms[0], 0)
     assert ports == [40001, 40002]   # retried once on a new port, then the other failure is raised as it is

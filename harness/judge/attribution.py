@@ -16,9 +16,14 @@ effect (the host's state while that block's servers ran) is a nuisance to remove
 variance-component estimate — which few blocks could not give — while every arm appears once in every block, so the
 design is orthogonal to the blocks and the effect estimates are the same either way (only the error df differ).
 
-Intervals: ``estimate ± t_{1−α/2, df}·se`` from the OLS fit (statsmodels), df = observations − fitted parameters.
-Multiplicity: Holm over every effect tested (terms × metrics × levels), at α; an effect is *attributed* when its
-Holm-adjusted p is below α. The intervals are the marginal 1 − α ones (their Holm counterpart is the adjusted p).
+Intervals: ``estimate ± t_{1−α/2, df}·se`` from the OLS fit, df = observations − fitted parameters (statsmodels
+``OLS(y, X).fit()`` with one indicator column per block and no intercept: ``RegressionResults.conf_int`` / ``bse`` /
+``pvalues``, statsmodels.org regression docs; a replicated 2^k in blocks: Montgomery, *Design and Analysis of
+Experiments*, §7.2). Multiplicity: Holm (1979) over every effect tested (terms × metrics × levels), at α — the project's
+one Holm, :func:`harness.judge.stats.holm_test` and :func:`~harness.judge.stats.holm_adjust`; an effect is
+*attributed* when Holm rejects it (its Holm-adjusted p ≤ α). The intervals are the marginal 1 − α ones (their Holm
+counterpart is the adjusted p). The familywise rate over a run's effects, simulated on recorded sessions with no
+effect: :mod:`harness.study.attribution_simulation` (``results/attribution/``).
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import statsmodels.api as sm
-from statsmodels.stats.multitest import multipletests
 
 from harness.judge.factorial import LETTERS, aliases, effect_terms
+from harness.judge.stats import holm_adjust, holm_test
 
-__all__ = ["LOG_METRICS", "analyse", "fit_metric", "waterfall"]
+__all__ = ["LOG_METRICS", "analyse", "fit_metric", "waterfall", "design_matrix"]
 
 LOG_METRICS = ("output_throughput", "total_token_throughput", "request_throughput", "server_mean_tpot_ms",
                "mean_tpot_ms", "median_tpot_ms", "mean_ttft_ms", "server_mean_ttft_ms", "mean_itl_ms")
@@ -42,9 +47,11 @@ FALLBACK = {"server_mean_tpot_ms": "mean_tpot_ms"}
 """Where a metric was not measured in a run (no /metrics columns), the client's counterpart, said in the notes."""
 
 
-def _columns(rows: Sequence[dict[str, Any]], terms: list[tuple[int, ...]], factors: Sequence[str],
-             blocks: list[int]) -> np.ndarray:
-    """The design matrix: one indicator per block, then one column per term (products of x_i = level − ½)."""
+def design_matrix(rows: Sequence[dict[str, Any]], terms: list[tuple[int, ...]], factors: Sequence[str],
+                  blocks: list[int]) -> np.ndarray:
+    """The design matrix ``[len(rows), len(blocks) + len(terms)]``: one indicator per block, then one column per term
+    (products of x_i = level − ½ over the term's factor indices). ``rows``: dicts with ``levels`` (factor → 0|1)
+    and ``block``."""
     out = []
     for row in rows:
         x = [row["levels"][f] - 0.5 for f in factors]
@@ -73,7 +80,7 @@ def fit_metric(rows: Sequence[dict[str, Any]], factors: Sequence[str], design: s
         if (y <= 0).any():
             raise ValueError(f"{metric}: a value ≤ 0 cannot be fitted on the log scale")
         y = np.log(y)
-    X = _columns(used, terms, factors, blocks)
+    X = design_matrix(used, terms, factors, blocks)
     n, params = len(y), len(blocks) + len(terms)
     df = n - int(np.linalg.matrix_rank(X)) if n else 0
     facts: dict[str, Any] = {"n": n, "df": df, "blocks": len(blocks), "beta": {}, "mu": float("nan")}
@@ -156,7 +163,8 @@ def analyse(observations: Sequence[dict[str, Any]], factors: Sequence[str], desi
             falls[f"{name} @ {level}"] = waterfall(facts, factors, design)
     tested = [i for i, e in enumerate(effects) if e["p"] is not None]
     if tested:
-        reject, adjusted, _, _ = multipletests([effects[i]["p"] for i in tested], alpha=alpha, method="holm")
+        pvalues = [effects[i]["p"] for i in tested]
+        reject, adjusted = holm_test(pvalues, alpha)[0], holm_adjust(pvalues)
         for i, flag, p in zip(tested, reject, adjusted):
             effects[i]["p_holm"] = float(p)
             effects[i]["attributed"] = bool(flag)

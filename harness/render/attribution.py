@@ -10,9 +10,10 @@ from pathlib import Path
 import jinja2
 
 from harness.render import plots
-from harness.rundir.schema import AttributionDocument, WaterfallStep
+from harness.rundir.schema import AttributionDocument, InjectedSizes, WaterfallStep
 
-__all__ = ["effect_rows", "summary_markdown", "terminal_table", "report_html", "waterfall_plot"]
+__all__ = ["effect_rows", "size_rows", "step_rows", "sizes_headline", "summary_markdown", "terminal_table",
+           "report_html", "waterfall_plot"]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 
@@ -41,6 +42,48 @@ def effect_rows(document: AttributionDocument) -> list[dict[str, object]]:
     return rows
 
 
+def size_rows(sizes: InjectedSizes) -> list[dict[str, object]]:
+    """One display row per size check: metric, level, term, estimate, interval, expected (with its range over the
+    blocks), inside ("yes", "NO (by x)" or "—") — numbers as text, 3 decimals."""
+    rows = []
+    for c in sizes.checks:
+        verdict = "—" if c.inside is None else "yes" if c.inside else f"NO (by {c.miss:.3f})"
+        rows.append({"metric": c.metric, "level": c.level, "term": c.term, "estimate": _num(c.estimate),
+                     "interval": f"[{_num(c.ci_low)}, {_num(c.ci_high)}]", "expected": _num(c.expected),
+                     "range": f"{_num(c.expected_low)} … {_num(c.expected_high)}", "inside": verdict})
+    return rows
+
+
+def step_rows(sizes: InjectedSizes) -> list[dict[str, object]]:
+    """One display row per delayed arm and route: arm, level, route, delay (ms), step and reference step (ms, one
+    decimal), the sleeps per step the difference implies (two decimals) and the excess (ms)."""
+    return [{"arm": s.arm, "level": s.level, "route": s.route, "delay": f"{s.delay_ms:g}", "step": f"{s.step_ms:.1f}",
+             "reference": f"{s.reference_ms:.1f}", "sleeps": f"{s.sleeps_per_step:.2f}",
+             "excess": f"{s.excess_ms:+.1f}"} for s in sizes.steps]
+
+
+def sizes_headline(sizes: InjectedSizes) -> str:
+    """``"injected sizes: 13 of 15 effects hold their expected size in their interval (delay_c on …)"``."""
+    missed = [f"{c.term} on {c.metric} @ {c.level}" for c in sizes.checks if c.inside is False]
+    return (f"injected sizes: {sizes.inside} of {sizes.checked} effects with an injected factor hold their expected "
+            f"size in their interval" + (f"; outside: {', '.join(missed)}" if missed else ""))
+
+
+def _sizes_markdown(sizes: InjectedSizes) -> list[str]:
+    lines = ["", "### Injected effects: the expected size against the interval", "", sizes_headline(sizes) + ".",
+             f"Assumption: {sizes.assumption}; references {sizes.reference}.", "",
+             "| metric | level | term | estimate | interval | expected | over blocks | inside |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['metric']} | {r['level']} | {r['term']} | {r['estimate']} | {r['interval']} | {r['expected']} | "
+              f"{r['range']} | {r['inside']} |" for r in size_rows(sizes)]
+    lines += ["", "The assumption measured: step time of each delayed arm and of its reference (ms).", "",
+              "| arm | level | route | delay ms | step | reference | sleeps per step | excess ms |",
+              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['level']} | {r['route']} | {r['delay']} | {r['step']} | {r['reference']} | "
+              f"{r['sleeps']} | {r['excess']} |" for r in step_rows(sizes)]
+    return lines + [f"- {note}" for note in sizes.notes]
+
+
 def _design_text(document: AttributionDocument) -> str:
     k = len(document.factors)
     if document.design == "half":
@@ -49,7 +92,8 @@ def _design_text(document: AttributionDocument) -> str:
 
 
 def summary_markdown(document: AttributionDocument) -> str:
-    """``summary.md``: the design in one line, then the effects table (attributed effects in bold)."""
+    """``summary.md``: the design in one line, then the effects table (attributed effects in bold), then the size
+    check of injected effects where there is one."""
     lines = [f"## dsa-bench attribution — {document.scenario}", "",
              f"{_design_text(document)}, {document.blocks} session block(s), α = {document.alpha:g}, Holm over "
              f"{document.tests} effects. {document.model}.", "",
@@ -60,6 +104,8 @@ def summary_markdown(document: AttributionDocument) -> str:
         alias = f" (= {row['alias']})" if row["alias"] else ""
         lines.append(f"| {row['metric']} | {row['level']} | {mark}{row['term']}{alias}{mark} | {row['estimate']} | "
                      f"{row['percent']} | {row['interval']} | {row['p_holm']} | {'yes' if row['attributed'] else 'no'} |")
+    if document.injected_sizes is not None:
+        lines += _sizes_markdown(document.injected_sizes)
     lines += ["", *[f"- {note}" for note in document.notes], ""]
     return "\n".join(lines)
 
@@ -72,6 +118,8 @@ def terminal_table(document: AttributionDocument) -> str:
         out.append(f"  {row['metric']:<22} {row['level']:<22} {row['term']:<20} {row['estimate']:>8} "
                    f"{row['percent']:>9} {row['interval']:<20} Holm p {row['p_holm']:<8} "
                    f"{'ATTRIBUTED' if row['attributed'] else ''}")
+    if document.injected_sizes is not None:
+        out.append(sizes_headline(document.injected_sizes))
     return "\n".join(out)
 
 
@@ -104,4 +152,8 @@ def report_html(document: AttributionDocument) -> str:
     figures = [plots_ for key, steps in document.waterfall.items()
                for plots_ in [waterfall_plot(key, steps)] if plots_ is not None]
     return env.get_template("attribution.html.j2").render(
-        doc=document, rows=effect_rows(document), plots=figures, design_text=_design_text(document))
+        doc=document, rows=effect_rows(document), plots=figures, design_text=_design_text(document),
+        sizes=document.injected_sizes,
+        size_rows=size_rows(document.injected_sizes) if document.injected_sizes is not None else [],
+        step_rows=step_rows(document.injected_sizes) if document.injected_sizes is not None else [],
+        sizes_headline=sizes_headline(document.injected_sizes) if document.injected_sizes is not None else "")

@@ -10,7 +10,7 @@ the scenario's load, not on which path serves it), and recorded in the manifest 
 Sizing (:func:`size_level`): with the scenario's count ``n`` at concurrency ``c`` and the pilot's measured duration
 ``d`` (vLLM's ``duration``, warmups excluded), ``n' = max(n, ⌈n · S / d⌉ rounded up to a multiple of c)`` — every
 wave of requests full — capped where the planned time ``d · n' / n`` would exceed ``level_timeout_s /``
-:data:`~harness.run.scenario.LEVEL_TIMEOUT_HEADROOM`. Throughput per request is taken as constant in ``n`` (the
+:data:`~harness.run.workload_spec.LEVEL_TIMEOUT_HEADROOM`. Throughput per request is taken as constant in ``n`` (the
 level is a closed loop at fixed concurrency), so a level's duration grows linearly with its count.
 
 The pilot is not a measurement: its levels are not in ``levels.csv``; their raw JSON stays in ``raw/`` as
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol
 from harness.run.load import LevelError, read_bench_json
 from harness.run.plan import ArmPlan, Plan, pilot_raw_name
 from harness.run.run_manifest import ManifestWriter
-from harness.run.scenario import LEVEL_TIMEOUT_HEADROOM
+from harness.run.workload_spec import LEVEL_TIMEOUT_HEADROOM
 from harness.run.start import now
 from harness.rundir import schema
 

@@ -17,10 +17,11 @@ from typing import Callable, NamedTuple, Sequence
 
 from dsa_route import routing, serve_path
 from dsa_route.inject import DEFECTS, ENV_INJECT, NEEDS_DSA_CPU, Injection
-from dsa_route.knobs import ENV_KNOBS, knob_refusals
+from dsa_route.knobs import ENV_KNOBS, decision_refusals
 from harness.rundir.schema import Level, LevelKey, Regime, level_regimes
 from harness.run.placement import needs_multi_node
-from harness.run.scenario import RegimeSpec, Scenario, resolve_path
+from harness.run.scenario import Scenario, resolve_path
+from harness.run.workload_spec import RegimeSpec
 from harness.rundir.levels import PREFIX_DATASET, TEXT_DATASETS, dataset_path
 
 BENCH_PERCENTILES = "50,99"
@@ -385,8 +386,8 @@ def build_plan(scenario: Scenario, machine: Machine, model: ModelLocation, ask_v
         if injection is not None:
             env[ENV_INJECT] = injection.spec
         refusals = serve_path.startup_refusals(env, machine.name, machine.has_triton) + _injection_refusals(
-            injection, decision, machine.name, mtp_tokens or 0) + knob_refusals(spec.knobs, machine.name,
-                                                                                machine.has_triton)
+            injection, decision, machine.name, mtp_tokens or 0) + decision_refusals(decision, spec.knobs, machine.name,
+                                                                                    machine.has_triton)
         arms.append(ArmPlan(
             name=name, route=spec.route, description=spec.description, decision=decision,
             unavailable=tuple(unavailable),

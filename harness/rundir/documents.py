@@ -210,11 +210,74 @@ class WaterfallStep(BaseModel):
     change: float
 
 
+class SizeCheck(BaseModel):
+    """One injected effect's size check (:mod:`harness.judge.injected_size`): the effect (``metric``, ``level``,
+    ``term``, ``letters``, ``estimate`` and its ``ci_low``/``ci_high`` interval, log scale for throughput and TPOT),
+    the size the injected step delays predict (``expected``: the mean over ``blocks`` session blocks,
+    ``expected_low``/``expected_high`` their range), ``inside`` (the interval holds ``expected``; None when either
+    is not a number) and ``miss`` (how far outside; 0 inside)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str
+    level: str
+    term: str
+    letters: str
+    estimate: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    expected: float | None = None
+    expected_low: float | None = None
+    expected_high: float | None = None
+    blocks: int = 0
+    inside: bool | None = None
+    miss: float = 0.0
+
+
+class StepCheck(BaseModel):
+    """The size check's assumption measured on one delayed arm: on ``route`` ``"engine"`` (1000 /
+    ``engine_steps_per_s``) or ``"request"`` (TPOT × acceptance length), its step time and its reference arm's (ms,
+    means over ``blocks``), ``delay_ms`` (its delay minus the reference's), the ``sleeps_per_step`` the difference
+    implies (1 when each engine step sleeps once) and the ``excess_ms`` beyond that."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    arm: str
+    level: str
+    route: Literal["engine", "request"]
+    delay_ms: float
+    step_ms: float
+    reference_ms: float
+    blocks: int
+    sleeps_per_step: float
+    excess_ms: float
+
+
+class InjectedSizes(BaseModel):
+    """``attribution.json`` ``injected_sizes``: the expected size of every effect with an injected (step-delay)
+    factor against its interval. ``assumption`` in words, ``sleeps_per_step`` it assumes, ``reference``
+    ``"matched"`` | ``"pooled"`` (how each arm's reference arm was chosen), the ``checks``, the measured ``steps``,
+    ``checked`` (checks with a number) and ``inside`` (of those, within their interval), ``notes``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    assumption: str
+    sleeps_per_step: float
+    reference: str
+    checks: list[SizeCheck] = Field(default_factory=list)
+    steps: list[StepCheck] = Field(default_factory=list)
+    checked: int = 0
+    inside: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
 class AttributionDocument(BaseModel):
     """``attribution.json``: the design (``design`` "full" | "half", ``factors`` in order with their letters,
     ``generator`` and ``aliases`` of a fraction), the model (``model``: what was fitted), α and the multiplicity
     (``tests``: how many effects Holm ran over), the observations, the effects, the waterfall per (metric, level),
-    the arms (levels, intended path, attestation) and the schedule; ``notes`` in words."""
+    the arms (levels, intended path, attestation) and the schedule; ``notes`` in words; ``attribution`` the run's
+    ``[attribution]`` table (what a recompute from this file alone needs) and ``injected_sizes`` the size check of
+    injected step delays (:class:`InjectedSizes`)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -236,3 +299,5 @@ class AttributionDocument(BaseModel):
     arms: list[dict[str, Any]] = Field(default_factory=list)
     schedule: list[list[Any]] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    attribution: dict[str, Any] | None = None     # the run's [attribution] table (factors, design, injections, …)
+    injected_sizes: InjectedSizes | None = None   # the size check of the injected effects (None: nothing injected)

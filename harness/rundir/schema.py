@@ -42,8 +42,9 @@ from pydantic import Field
 from harness.rundir.budget import BudgetRecord  # re-exported
 from harness.rundir.cluster import Assignment, ClusterRecord, NodeRecord, Placement  # re-exported
 from harness.rundir.documents import (AccuracyArm, AccuracyFilter, AccuracyPair, AccuracySummary,  # re-exported
-                                      AttributionDocument, AttributionEffect, AttributionObservation, ParitySummary,
-                                      VerdictCell, VerdictDocument, WaterfallStep)
+                                      AttributionDocument, AttributionEffect, AttributionObservation, InjectedSizes,
+                                      ParitySummary, SizeCheck, StepCheck, VerdictCell, VerdictDocument,
+                                      WaterfallStep)
 from harness.rundir.levels import DATASETS, Level, LevelKey, Regime, level_regimes, workload_levels  # re-exported
 from harness.rundir.observation import Observation, RemoteObservation  # re-exported
 from harness.rundir.pilot import PilotLevel, PilotRecord  # re-exported
@@ -375,6 +376,7 @@ class Manifest(_Record):
 
 __all__ = [  # the documents beside the manifest live in harness.rundir.documents; named and re-exported here
     "ATTRIBUTION", "AttributionDocument", "AttributionEffect", "AttributionObservation", "WaterfallStep",
+    "InjectedSizes", "SizeCheck", "StepCheck",
     "AccuracyArm", "AccuracyFilter", "AccuracyPair", "AccuracySummary", "ParitySummary", "VerdictCell",
     "VerdictDocument", "ACCURACY", "ACCURACY_ARM", "ACCURACY_COLUMNS", "ACCURACY_DIR", "ACCURACY_SUMMARY",
     "AccuracyRow", "ArmRecord", "Assignment", "Attestation", "BudgetRecord", "ClusterRecord", "EXIT_CODES",
