@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from dsa_route.inject import ENV_INJECT
 from harness.run import attest, builds, cluster as cluster_info, gpu_idle
-from harness.run.placement import Slot, slot_for
+from harness.run.placement import Slot, slot_for, start_together
 from harness.run.plan import ArmPlan, multi_node
 from harness.run.server import RemoteServer, ServerError, VllmServer, free_port
 from harness.run.start import now
@@ -174,16 +174,11 @@ class ServerSessions:
             self.servers.pop(name).stop()
 
     def _start_together(self, arms: list[ArmPlan], block: int) -> bool:
-        """Whether ``arms``' servers may start at the same time: local servers (a Ray backend starts its actors one
-        by one), on a host without GPUs or on disjoint GPU sets — two vLLM start-ups on one GPU would each profile
-        the other's memory as their own (vLLM's ``gpu_memory_utilization`` is measured free memory at start-up)."""
-        if len(arms) < 2 or self.cluster is not None:
-            return False
-        if self.plan.machine.gpu_count == 0:
-            return True
-        gpu_sets = [slot_for(block, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes).gpu_ids
-                    for arm in arms]
-        return all(ids is not None for ids in gpu_sets) and len(set().union(*gpu_sets)) == sum(map(len, gpu_sets))
+        """Whether ``arms``' servers for ``block`` may start at the same time (:func:`placement.start_together`;
+        never under the Ray backend)."""
+        swap = self.plan.scenario.cluster.swap_nodes
+        return self.cluster is None and start_together([slot_for(block, arm.name, self.slots, swap) for arm in arms],
+                                                       self.plan.machine.gpu_count)
 
     def _open(self, arms: list[ArmPlan], block: int) -> None:
         """Start ``arms``' servers for ``block`` — at the same time where :meth:`_start_together` allows (the run's
