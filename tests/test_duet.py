@@ -129,6 +129,7 @@ def test_plan_notes_estimate_and_gsm8k_points_follow_the_design():
     parts = [estimate_mod.estimate(plan).parts for plan in (kept, fresh)]
     assert parts[0]["parity"] == parts[1]["parity"]   # collected once per arm, whatever the sessions
     assert parts[1]["server starts"][0] == 3 * parts[0]["server starts"][0]
+    assert estimate_mod.start_ups(fresh) == 3   # a block's pair starts together on a host without GPUs
     levels = [estimate_mod.estimate(plan).parts["load levels"] for plan in (fresh, pair)]
     assert levels[1] == pytest.approx((levels[0][0] / 2, levels[0][1] / 2), abs=0.1)   # a duet runs both arms' levels at once
     for plan, last_block in ((kept, 2), (fresh, 0), (pair, 0)):
@@ -174,6 +175,7 @@ def test_servers_sharing_a_gpu_start_one_after_the_other_in_the_blocks_order(tmp
     plan = plan_mod.Plan(plan.scenario, gpu, plan.arms)
     run = _runner(tmp_path, monkeypatch, plan)
     assert not run._start_together(plan.arms, 0)
+    assert estimate_mod.start_ups(plan) == estimate_mod.sessions(plan) == 6   # the estimate counts each start
     manifest = run.run()
     assert manifest.status == "done"
     order = schedule(plan)
