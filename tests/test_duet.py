@@ -129,6 +129,7 @@ def test_plan_notes_estimate_and_gsm8k_points_follow_the_design():
     parts = [estimate_mod.estimate(plan).parts for plan in (kept, fresh)]
     assert parts[0]["parity"] == parts[1]["parity"]   # collected once per arm, whatever the sessions
     assert parts[1]["server starts"][0] == 3 * parts[0]["server starts"][0]
+    assert estimate_mod.start_ups(fresh) == 3   # a block's pair starts together on a host without GPUs
     levels = [estimate_mod.estimate(plan).parts["load levels"] for plan in (fresh, pair)]
     assert levels[1] == pytest.approx((levels[0][0] / 2, levels[0][1] / 2), abs=0.1)   # a duet runs both arms' levels at once
     for plan, last_block in ((kept, 2), (fresh, 0), (pair, 0)):
@@ -152,15 +153,49 @@ def test_duet_steps_pair_the_two_arms_of_each_level():
 
 
 # ----------------------------------------------------------------------------------------------- runs
-def test_restart_per_block_starts_a_fresh_pair_per_block_with_both_servers_up(tmp_path, monkeypatch):
-    plan = _plan(**{"serve.restart_per_block": True})
+def test_a_blocks_servers_start_together_and_the_start_up_time_counts_their_wall_time_once(tmp_path, monkeypatch):
+    plan = _plan(**{"serve.restart_per_block": True, "workload.repeats": 2})
     run = _runner(tmp_path, monkeypatch, plan)
+    barrier, inner = threading.Barrier(2, timeout=10), run._start_server
+
+    def start(arm, block):   # each start waits for the other: passes only when both are in flight at once
+        barrier.wait()
+        run.timing["server_start_s"] += 100.0   # what _start_server adds: each server's own ready time
+        return inner(arm, block)
+
+    monkeypatch.setattr(run, "_start_server", start)
+    manifest = run.run()
+    assert manifest.status == "done" and len(run.started_servers) == 4
+    assert run.timing["server_start_s"] < 10.0   # two blocks' wall time, not 4 × 100 s of ready times
+
+
+def test_servers_sharing_a_gpu_start_one_after_the_other_in_the_blocks_order(tmp_path, monkeypatch):
+    gpu = plan_mod.Machine(name="cuda", device="planned", cpu_count=2, gpu_count=1, has_triton=True)
+    plan = _plan(**{"serve.restart_per_block": True})
+    plan = plan_mod.Plan(plan.scenario, gpu, plan.arms)
+    run = _runner(tmp_path, monkeypatch, plan)
+    assert not run._start_together(plan.arms, 0)
+    assert estimate_mod.start_ups(plan) == estimate_mod.sessions(plan) == 6   # the estimate counts each start
     manifest = run.run()
     assert manifest.status == "done"
     order = schedule(plan)
     first = [next(name for name, _, r in order if plan.block_of(r) == block) for block in range(3)]
     assert [(name, block) for name, block, _ in run.started_servers] == [   # the block's first arm starts first
         (name, block) for block in range(3) for name in (first[block], ({"baseline", "candidate"} - {first[block]}).pop())]
+    placed = _plan(**{"serve.restart_per_block": True, "cluster.arms.baseline": {"gpu_ids": "0"},
+                      "cluster.arms.candidate": {"gpu_ids": "1"}})
+    two_gpus = runner_mod.Runner(plan_mod.Plan(placed.scenario, gpu, placed.arms), tmp_path / "two",
+                                 runner_mod.RunOptions())
+    assert two_gpus._start_together(placed.arms, 0)   # disjoint GPU sets: together
+
+
+def test_restart_per_block_starts_a_fresh_pair_per_block_with_both_servers_up(tmp_path, monkeypatch):
+    plan = _plan(**{"serve.restart_per_block": True})
+    run = _runner(tmp_path, monkeypatch, plan)
+    manifest = run.run()
+    assert manifest.status == "done"
+    assert sorted((block, name) for name, block, _ in run.started_servers) == [   # a pair per block, together
+        (block, name) for block in range(3) for name in ("baseline", "candidate")]
     assert all(server.stopped for _, _, server in run.started_servers)
     assert all(sorted(up) == ["baseline", "candidate"] for up in run.up_together)   # both up before any level
     for (name, key), level in _level_records(manifest).items():

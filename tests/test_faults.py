@@ -27,7 +27,7 @@ import pytest
 
 from fakes.support import (DSA_BENCH, REPO, SCENARIO, FakeServer, clean_environ, fake_env, fake_pids, leftovers,
                            scenario_copy, spawn_sigint_ignored, wait_for)
-from harness.run import procs, runner
+from harness.run import procs, runner, server_sessions
 from harness.rundir import schema
 from harness.rundir import store as records
 from harness.run import server as server_mod
@@ -286,7 +286,7 @@ class _Occupant:
 def test_case4_port_already_taken_is_refused_before_spawning(fake, tmp_path, monkeypatch):
     occupant = _Occupant(lookalike=True)
     try:
-        monkeypatch.setattr(runner, "free_port", lambda: occupant.port)
+        monkeypatch.setattr(server_sessions, "free_port", lambda: occupant.port)   # where server sessions look it up
         code, err, run_dir = _compare(tmp_path)
     finally:
         occupant.close()
@@ -302,7 +302,7 @@ def test_case4_port_taken_between_the_check_and_the_bind(fake, tmp_path, monkeyp
     """The port was free when dsa-bench picked it, then something else bound it: vLLM exits on the bind error."""
     occupant = _Occupant(lookalike=False)
     try:
-        monkeypatch.setattr(runner, "free_port", lambda: occupant.port)
+        monkeypatch.setattr(server_sessions, "free_port", lambda: occupant.port)   # where server sessions look it up
         monkeypatch.setattr(server_mod, "_port_is_free", lambda port: True)
         code, err, run_dir = _compare(tmp_path)
     finally:

@@ -3,7 +3,8 @@
 The model, per part (each with the low and the high end of a stated throughput prior, :data:`PRIORS`):
 
 - server starts: sessions (one per arm and session block where each block is a fresh session —
-  ``Scenario.fresh_session_per_block`` — else one per arm; ``harness.run.start.schedule``) × the start-up prior;
+  ``Scenario.fresh_session_per_block`` — else one per arm; ``harness.run.start.schedule``) × the start-up prior,
+  counted once per block where concurrent servers start together (:func:`start_ups`);
 - load levels: per arm and level, ``(num_prompts(c) + warmups) / min(c, saturation)`` waves, each one request's
   latency ``input_len / prefill_tok_s + output_len / decode_tok_s`` (decode_tok_s: one sequence's output rate;
   above ``saturation`` concurrent sequences the server is taken as compute-bound, so more concurrency adds waves,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from harness.run.placement import start_together
 from harness.run.plan import Plan
 from harness.rundir.schema import LevelKey
 
@@ -105,6 +107,14 @@ def sessions(plan: Plan) -> int:
     return len(plan.arms) * per_arm
 
 
+def start_ups(plan: Plan) -> int:
+    """Start-ups one after the other: :func:`sessions`, or one per block where concurrent servers start together
+    (:func:`harness.run.placement.start_together` on the arms' declared slots)."""
+    slots = plan.scenario.cluster.slots([arm.name for arm in plan.arms])
+    together = plan.scenario.serve.concurrent_servers and start_together(list(slots.values()), plan.machine.gpu_count)
+    return sessions(plan) // len(plan.arms) if together else sessions(plan)
+
+
 def _level_s(plan: Plan, key: LevelKey, prior: Prior, end: int) -> float:
     """One level at the scenario's count, warmups included (s)."""
     work = plan.scenario.workload
@@ -145,7 +155,7 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
     count = sessions(plan)
 
     def parts_at(end: int) -> dict[str, float]:
-        return {"server starts": count * prior.server_start_s[1 - end],
+        return {"server starts": start_ups(plan) * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
                 "pilot": _pilot_s(plan, prior, end),
                 "parity": len(plan.arms) * math.ceil(plan.scenario.parity.n / prior.saturation)

@@ -116,6 +116,20 @@ def slot_for(block: int, arm: str, slots: Mapping[str, Slot], swap: bool) -> Slo
     return slots[other]
 
 
+def start_together(slots: Sequence[Slot], gpu_count: int) -> bool:
+    """Whether servers on ``slots`` may start at the same time: two or more local slots on a host without GPUs
+    (``gpu_count`` 0) or on disjoint GPU sets. Two vLLM start-ups on one GPU would each profile the other's memory as
+    their own (``gpu_memory_utilization`` is taken from the free memory at start-up); a Ray backend starts its actors
+    one by one."""
+    if len(slots) < 2 or any(slot.backend != "local" for slot in slots):
+        return False
+    if gpu_count == 0:
+        return True
+    gpu_sets = [slot.gpu_ids for slot in slots]
+    return (all(ids is not None for ids in gpu_sets)
+            and len(set().union(*gpu_sets)) == sum(len(ids) for ids in gpu_sets))
+
+
 def assignments(arms: Sequence[str], blocks: int, slots: Mapping[str, Slot], swap: bool) -> list[dict[str, Any]]:
     """Every (block, arm) → slot, in block order: what the manifest records as ``cluster.assignments``."""
     return [{"block": block, "arm": arm, **slot_for(block, arm, slots, swap).record()}

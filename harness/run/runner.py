@@ -203,6 +203,11 @@ class Runner(ServerSessions):
                            f"mean TPOT {level_row['mean_tpot_ms'] or float('nan'):.1f} ms")
 
     # ----------------------------------------------------------------------------------------------- the loop
+    def _pending(self, name: str, key: LevelKey) -> bool:
+        """Whether ``name``'s level ``key`` is still to run now (not done, not stopped, its arm not dead)."""
+        return name not in self.dead_arms and self.writer.level(name, key).state not in (LevelState.DONE,
+                                                                                         LevelState.STOPPED)
+
     def _ready(self, name: str, level: Level, round_no: int) -> VllmServer | RemoteServer | None:
         """The running server a pending level is measured on; None when the level is not run now (done on a resumed
         run, stopped: left out by the budget, or its arm is dead: the level's status then says why)."""
@@ -250,11 +255,10 @@ class Runner(ServerSessions):
         """The levels of one step: one level, or (duet) both arms' levels at the same time on servers started first.
         Concurrent servers: every live arm's server is up before a level is measured, so no level runs beside a
         server that is still starting. A duet step's benchmark time is its wall time (the two levels overlap)."""
+        if self.plan.scenario.serve.concurrent_servers and not self.options.base_urls and any(
+                self._pending(name, LevelKey(level, round_no)) for name, level, round_no in items):
+            self._servers_up(self.plan.block_of(items[0][2]), items[0][0])   # a resumed run's finished step starts nothing
         ready = [(item, self._ready(*item)) for item in items]
-        pending = any(server is not None for _, server in ready)   # a resumed run's finished step starts nothing
-        if pending and self.plan.scenario.serve.concurrent_servers and not self.options.base_urls:
-            for name in [n for n in self.arms_plan if n not in self.dead_arms and n not in {i[0] for i in items}]:
-                self._server_for(self.arms_plan[name], self.plan.block_of(items[0][2]))
         measures = [lambda item=item, server=server: self._measure(clients[item[0]], item[0], server, *item[1:],
                                                                  progress, tasks[item[0]])
                     for item, server in ready if server is not None]

@@ -13,13 +13,15 @@ class sets ``plan``, ``store``, ``options``, ``console``, ``writer``, ``timing``
 from __future__ import annotations
 
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rich.markup import escape
 
 from dsa_route.inject import ENV_INJECT
 from harness.run import attest, builds, cluster as cluster_info, gpu_idle
-from harness.run.placement import Slot, slot_for
+from harness.run.placement import Slot, slot_for, start_together
 from harness.run.plan import ArmPlan, multi_node
 from harness.run.server import RemoteServer, ServerError, VllmServer, free_port
 from harness.run.start import now
@@ -69,15 +71,16 @@ class ServerSessions:
                 self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
                 return self._start_server(arm, block, tries - 1)
             raise
-        self.timing["server_start_s"] += ready_s
         measured = {**startup_from_log(server.session_log()), "ready_s": round(ready_s, 2),
                     "peak_rss_gib": round(server.peak_rss_bytes / 2**30, 3) if server.peak_rss_bytes else None,
                     "peak_gpu_gib": round(server.peak_gpu_bytes / 2**30, 3) if server.peak_gpu_bytes else None}
-        self._new_session(arm.name, ready_s, server.base_url, measured, gpus)
         log_text = server.log_path.read_text(encoding="utf-8", errors="replace")
-        self.writer.place(arm.name, self._placement(arm.name, server, slot, block, log_text))
-        mismatches = self._attest(arm, attest.observe_from_log(log_text))
-        self._save()
+        with self.writer.lock:   # servers started together record from their threads (:meth:`_open`)
+            self.timing["server_start_s"] += ready_s
+            self._new_session(arm.name, ready_s, server.base_url, measured, gpus)
+            self.writer.place(arm.name, self._placement(arm.name, server, slot, block, log_text))
+            mismatches = self._attest(arm, attest.observe_from_log(log_text))
+            self._save()
         self.console.print(f"[bold]{arm.name}[/]: ready in {ready_s:.1f} s"
                            + (f" — [red]path mismatch: {escape('; '.join(mismatches))}[/]" if mismatches else ""))
         return server
@@ -133,30 +136,79 @@ class ServerSessions:
                     self.dead_arms[arm.name] = str(error)
                     self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
             return self.servers.get(arm.name)
-        scenario = self.plan.scenario
-        if not scenario.serve.concurrent_servers:
-            for name in [n for n in self.servers if n != arm.name or self.server_round.get(n) != block]:
-                self.servers.pop(name).stop()
-        else:   # every server of another block, or that moves, stops before any starts: two never share a slot
-            fresh, swap = scenario.fresh_session_per_block(), scenario.cluster.swap_nodes
-            for name in [n for n in self.servers if (fresh and self.server_round.get(n) != block)
-                         or self.server_slot.get(n) != slot_for(block, n, self.slots, swap)]:
-                self.servers.pop(name).stop()
+        self._stop_stale(arm.name, block)
         server = self.servers.get(arm.name)
         if server is not None and server.alive():
             return server
         if server is not None:
             self.dead_arms[arm.name] = "server died"
             return None
+        self._open([arm], block)
+        return self.servers.get(arm.name)
+
+    def _servers_up(self, block: int, first: str) -> None:
+        """Concurrent servers: every live arm's server for session block ``block`` up before a level of it is
+        measured, the missing ones started together where :meth:`_start_together` allows (their start-ups overlap:
+        on the 2-core CPU default a block's two starts cost ≈ one, ``results/carryover/README.md``), else one after
+        the other, arm ``first`` (the step's) first."""
+        for name in list(self.servers):
+            self._stop_stale(name, block)
+        names = sorted(self.arms_plan, key=lambda name: name != first)
+        missing = [self.arms_plan[n] for n in names if n not in self.dead_arms and n not in self.servers]
+        self._open(missing, block)
+        for name in [n for n in self.arms_plan if n not in self.dead_arms]:
+            self._server_for(self.arms_plan[name], block)   # a server that died meanwhile is recorded dead
+
+    def _stop_stale(self, arm_name: str, block: int) -> None:
+        """Stop the servers that cannot serve ``arm_name``'s levels of ``block``: sequential servers, every other
+        arm's and its own of another block; concurrent ones, every server of another block (with fresh sessions per
+        block) or whose slot moves, before any starts: two never share a slot."""
+        scenario = self.plan.scenario
+        if not scenario.serve.concurrent_servers:
+            stale = [n for n in self.servers if n != arm_name or self.server_round.get(n) != block]
+        else:
+            fresh, swap = scenario.fresh_session_per_block(), scenario.cluster.swap_nodes
+            stale = [n for n in self.servers if (fresh and self.server_round.get(n) != block)
+                     or self.server_slot.get(n) != slot_for(block, n, self.slots, swap)]
+        for name in stale:
+            self.servers.pop(name).stop()
+
+    def _start_together(self, arms: list[ArmPlan], block: int) -> bool:
+        """Whether ``arms``' servers for ``block`` may start at the same time (:func:`placement.start_together`;
+        never under the Ray backend)."""
+        swap = self.plan.scenario.cluster.swap_nodes
+        return self.cluster is None and start_together([slot_for(block, arm.name, self.slots, swap) for arm in arms],
+                                                       self.plan.machine.gpu_count)
+
+    def _open(self, arms: list[ArmPlan], block: int) -> None:
+        """Start ``arms``' servers for ``block`` — at the same time where :meth:`_start_together` allows (the run's
+        start-up time then counts the group's wall time once) — then give each one's parity outputs. An arm whose
+        server fails to start (or dies during its parity) is recorded dead with the log's first line."""
+        if self._start_together(arms, block):
+            started, before = time.monotonic(), self.timing["server_start_s"]
+            self.console.print(f"starting {', '.join(arm.name for arm in arms)} together")
+            with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+                outcomes = list(pool.map(lambda arm: self._try_start(arm, block), arms))
+            self.timing["server_start_s"] = before + time.monotonic() - started
+        else:
+            outcomes = [self._try_start(arm, block) for arm in arms]
+        for arm, outcome in zip(arms, outcomes):
+            try:
+                if isinstance(outcome, ServerError):
+                    raise outcome
+                self.servers[arm.name] = outcome
+                self.server_round[arm.name] = block
+                self.server_slot[arm.name] = slot_for(block, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes)
+                self._parity(arm.name, outcome)
+            except ServerError as error:
+                first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
+                self.dead_arms[arm.name] = f"server failed to start: {first}"
+                self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
+                self.servers.pop(arm.name, None)
+
+    def _try_start(self, arm: ArmPlan, block: int) -> VllmServer | ServerError:
+        """:meth:`_start_server`, its :class:`ServerError` returned (a start in a worker thread reports, not raises)."""
         try:
-            self.servers[arm.name] = self._start_server(arm, block)
-            self.server_round[arm.name] = block
-            self.server_slot[arm.name] = slot_for(block, arm.name, self.slots, scenario.cluster.swap_nodes)
-            self._parity(arm.name, self.servers[arm.name])
+            return self._start_server(arm, block)
         except ServerError as error:
-            first = str(error).splitlines()[0].removesuffix(", last lines:")  # the log's tail went to the console
-            self.dead_arms[arm.name] = f"server failed to start: {first}"
-            self.console.print(f"[red]{arm.name}: {escape(str(error))}[/]")
-            self.servers.pop(arm.name, None)
-            return None
-        return self.servers[arm.name]
+            return error
