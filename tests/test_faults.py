@@ -476,6 +476,23 @@ def test_sigterm_stops_the_run_and_every_child(tmp_path):
     assert set(_statuses(run_dir)["baseline"].values()) == {"skipped: run stopped before this level"}
 
 
+def test_sigkill_of_dsa_bench_still_ends_its_servers(tmp_path):
+    """SIGKILL (the OOM killer, a CI timeout) runs no cleanup: each local server's watchdog (harness.run.reaper)
+    ends its process group once dsa-bench is gone."""
+    env = fake_env(tmp_path, mode="never_ready")
+    proc = _spawn_cli(["compare", "--scenario", SCENARIO, "--out", tmp_path / "results"],
+                      {**clean_environ(), **env, "COLUMNS": "400"})
+    try:
+        assert wait_for(lambda: len(fake_pids(tmp_path / "pids")) >= 2 or proc.poll() is not None, 60)
+        assert proc.poll() is None and leftovers(env), "the servers were not up when dsa-bench was killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert wait_for(lambda: leftovers(env) == [], 30), leftovers(env)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 # ----------------------------------------------------------------------------------------------- 8. bad scenario
 @pytest.mark.parametrize("replace,needle", [
     ({"input_len": "input_len = [16"}, "malformed TOML"),

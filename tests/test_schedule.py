@@ -173,7 +173,7 @@ def test_a_port_taken_before_vllm_binds_it_is_retried_on_a_new_port(tmp_path, mo
     ports = []
 
     class FlakyServer:
-        def __init__(self, argv, env, port, name, log_path, api_key=None):
+        def __init__(self, argv, env, port, name, log_path, api_key=None, watchdog=False):
             ports.append(port)
             self.log_path = log_path
 

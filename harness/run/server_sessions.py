@@ -60,8 +60,8 @@ class ServerSessions:
             server = self.cluster.server(arm, slot, env, log_path, os.environ.get("VLLM_API_KEY"))
         else:
             port = free_port()
-            server = VllmServer(arm.server_argv(port), env, port, arm.served_model_name, log_path,
-                                api_key=os.environ.get("VLLM_API_KEY"))
+            server = VllmServer(arm.server_argv(port), env, port, arm.served_model_name, log_path,   # a watchdog:
+                                api_key=os.environ.get("VLLM_API_KEY"), watchdog=True)   # nothing outlives a SIGKILL
         self.console.print(f"[bold]{arm.name}[/]: starting vllm serve ({slot.describe()}, block {block}; "
                            f"log {log_path})")
         try:
