@@ -6,7 +6,7 @@ A session is the unit of replication: :meth:`ServerSessions._server_for` gives a
 arm's server for that block — a fresh one per block where :meth:`~harness.run.scenario.Scenario.fresh_session_per_block`
 — and records each new session in the manifest (start-up times, placement, attestation, GPUs before it). The host
 class sets ``plan``, ``store``, ``options``, ``console``, ``writer``, ``timing``, ``servers``, ``server_round``,
-``server_slot``, ``slots``, ``cluster``, ``node_versions``, ``dead_arms`` and ``manifest``, and defines
+``server_slot``, ``slots``, ``cluster``, ``node_versions``, ``dead_arms``, ``arms_plan`` and ``manifest``, and defines
 ``_save()`` and ``_parity(arm, server)`` (the greedy outputs every new session gives first).
 """
 
