@@ -280,6 +280,16 @@ def test_sensitivity_criteria_are_the_issues(drop, parity, expected):
     assert sensitivity.sensitive({"drop_points": {"strict-match": drop}, "parity": parity}) is expected
 
 
+def test_scoring_rows_are_the_served_scoring_format():
+    """``--scorings-out`` rows: per problem the forced tokens' log p and, per position, the top-k ``[id, log p]``
+    descending — what ``harness.judge.confidence`` reads from a served scoring."""
+    rows = [torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 1.0]]), dim=-1)]
+    out = sensitivity.scoring_rows(rows, [[2, 0]], top_k=3)
+    assert out[0]["index"] == 0 and out[0]["logprobs"] == pytest.approx([float(rows[0][0, 2]), float(rows[0][1, 0])])
+    assert [pair[0] for pair in out[0]["top"][0]] == [1, 3, 2] and len(out[0]["top"][1]) == 3
+    assert out[0]["top"][1][0] == [0, pytest.approx(float(rows[0][1, 0]))]
+
+
 def test_cli_bad_checkpoint_exits_2(tmp_path):
     assert evaluate.main(["--checkpoint", str(tmp_path)]) == 2
     assert sensitivity.main(["--checkpoint", str(tmp_path)]) == 2
