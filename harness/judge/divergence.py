@@ -15,7 +15,9 @@ the prompts sent one at a time (another batch composition: batch variance, vLLM 
   the candidate's against the A/A's; FAIL by a one-sided Wilcoxon signed-rank test shifted by
   :data:`~harness.judge.confidence.CONFIDENCE_TOLERANCE` (the rule and its derivation are in that module). It sees
   the quiet defects that cost information at the size of a harmless numerics change (``topk-lost-key``): those
-  move ``|Δ log p|`` as little as rounding does, but in one direction.
+  move ``|Δ log p|`` as little as rounding does, but in one direction. On the reference model it FAILs
+  ``topk-lost-key`` in 99.9 % of 32-prompt resamples; served on the default (2026-12-05) the shift was two-thirds
+  of that and the cell missed it narrowly, p = 0.0197 against α/4 (``results/defects/kill-matrix.md``).
 - ``decode_divergence``: does the arm's decode agree with its own prefill? Per prompt the mean over the common
   prefix of the session's and the reference's greedy outputs of ``|log p_decode − log p_forced|`` of the
   decode's runner-up token (nats / position, :func:`runner_up_gaps`): ``log p_decode`` from the parity request's
