@@ -79,6 +79,11 @@ DEFECTS: dict[str, DefectSpec] = {
     "topk-lost-key": DefectSpec(
         True, "lost top-k keys: persistent_topk silently drops candidates when many scores share a bin (vLLM #51782)",
         selection="lost-boundary"),
+    "topk-bin-overflow": DefectSpec(
+        True, "lost top-k candidates, the whole threshold bin: persistent_topk's stash overflows, so the keys of the "
+              "k-th score's coarse histogram bin reach refinement in arrival order, not by score (vLLM #51782, "
+              "PRs #52149 / #55314: up to 2,042 of 2,048 selected values wrong on GLM-5.2)",
+        selection="bin-overflow"),
     "topk-pad-zero": DefectSpec(
         True, "extra top-k keys: the -1 padding of a short row read as key 0 (a kernel that treats index 0 as valid "
               "instead of -1 = unused, FlashMLA sparse topk_indices contract)", selection="pad-zero"),

@@ -213,7 +213,7 @@ def correctness_cells(store: RunDir, manifest: Manifest | None, policy: GatePoli
     read = {folder: {label: (store.read_json(f"{folder}/{label}.json", fix) or {}).get("results")
                      for label in divergence.SCORINGS} for folder in ("scoring", "parity")}
     return divergence.judge(read["scoring"], read["parity"], policy.alpha, policy.token_tolerance,
-                            policy.decode_tolerance)
+                            policy.decode_tolerance, policy.confidence_tolerance)
 
 
 def run_gate(run_dir: Path, policy: GatePolicy | None = None, *, write: bool = True) -> GateResult:

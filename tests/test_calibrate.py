@@ -70,7 +70,7 @@ def test_aa_overrides_make_the_candidate_a_copy_of_the_baseline():
     (["calibrate", "--defects", " , "], "no defect named"),
     (["calibrate", "--defects", "mtp-hidden-unnormed"], "pass --mtp 2"),           # the default drafts 1 token
     (["calibrate", "--defects", "topk-random", "--scenario", "cpu-tiny"], "dsa_route.vllm_cpu"),   # vLLM's class
-    (["calibrate", "--defects", "all", "--scenario", "cpu-tiny"], "can apply none of the 14 defects"),
+    (["calibrate", "--defects", "all", "--scenario", "cpu-tiny"], "can apply none of the 15 defects"),
 ])
 def test_bad_calibrate_input_is_one_line_exit_2(argv, fragment, capsys, tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
@@ -222,7 +222,7 @@ def test_calibrate_defects_all_prints_the_kill_matrix_and_leaves_out_what_the_sc
     assert injections == [None, *runnable]
     assert "| `topk-random` | yes | FAIL | caught | gsm8k_accuracy GSM8K, token_divergence |" in out
     assert "| `topk-order` | no | PASS | quiet | — |" in out
-    assert "caught: 11, missed: 0, false alarm: 0, quiet: 2" in out and "not run: mtp-hidden-unnormed" in out
+    assert "caught: 12, missed: 0, false alarm: 0, quiet: 2" in out and "not run: mtp-hidden-unnormed" in out
     (written,) = tmp_path.glob("calibration-*.json")
     record = json.loads(written.read_text())
     assert [row["defect"] for row in record["kill_matrix"]] == runnable and "slowdown" not in record

@@ -162,7 +162,8 @@ def test_decode_cell_is_left_out_for_parity_rows_without_top_logprobs():
     assert [c.name for c in divergence.judge(scorings, greedy, 0.05)] == list(divergence.CELLS)
     bare = {label: [{k: v for k, v in row.items() if k != "top"} for row in rows] for label, rows in greedy.items()}
     cells = divergence.judge(scorings, bare, 0.05)
-    assert [c.name for c in cells] == ["token_divergence", "parity"] and cells[1].status == Status.PASS
+    assert [c.name for c in cells] == ["token_divergence", "confidence_loss", "parity"]
+    assert cells[2].status == Status.PASS
     absent = divergence.judge({}, greedy, 0.05)
     assert [c.status for c in absent[:2]] == [Status.INVALID] * 2 and "scoring/baseline.json" in absent[1].reasons[0]
 
@@ -189,8 +190,91 @@ def test_recorded_aa_false_fail_rate_is_within_alpha_and_the_recorded_pairs_are_
         assert rate["false_fail_rate"] <= result["cell_alpha"], cell
         assert rate["invalid_rate"] == 0.0, cell
     assert result["ab"]["candidate-1"] == dict.fromkeys(divergence.CELLS, "PASS")   # harmless: compile off
-    # the rope defect acts in prefill and decode alike: decode agrees with prefill, the other two cells FAIL it
-    assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "decode_divergence": "PASS", "parity": "FAIL"}
+    # the rope defect acts in prefill and decode alike: decode agrees with prefill, the other cells FAIL it
+    assert result["ab"]["candidate-rope"] == {"token_divergence": "FAIL", "confidence_loss": "FAIL",
+                                              "decode_divergence": "PASS", "parity": "FAIL"}
+    # the harmless compile-off change, resampled, in both directions: FAILs a scoring cell at most at the cell α
+    # (0 and 20 of 24,000 runs at 2000 resamples); its log-odds shift is ±0.0019, the two directions' mirror images
+    assert set(result["harmless"]) == {"token_divergence", "confidence_loss"}
+    assert all(rate["false_fail_rate"] <= result["cell_alpha"] for rate in result["harmless"].values())
+    assert result["harmless"]["confidence_loss"]["pairs"] == 12
+    low, high = result["harmless"]["confidence_loss"]["mean_range"]
+    assert low == pytest.approx(-0.0019, abs=5e-5) and high == pytest.approx(0.0019, abs=5e-5)
+
+
+# ------------------------------------------------------------------------------------------------ confidence_loss
+def _odds_rows(n, shift=0.0, noise=0.0, seed=0, length=12, start=6.0):
+    """Scoring rows whose forced token has log-odds ``start`` (± 1) against one competitor, moved by ``shift`` nats
+    on every position plus per-prompt N(0, ``noise``)."""
+    rng = np.random.default_rng(seed)
+    base = np.random.default_rng(99).uniform(start - 1, start + 1, (n, length))
+    rows = []
+    for index in range(n):
+        odds = base[index] + shift + (rng.normal(0.0, noise) if noise else 0.0)
+        lp, rest = -np.log1p(np.exp(-odds)), -np.log1p(np.exp(odds))   # log p, log (1 − p)
+        rows.append({"index": index, "logprobs": [float(v) for v in lp],
+                     "top": [[[7, float(a)], [8, float(b)]] for a, b in zip(lp, rest)]})
+    return rows
+
+
+def test_log_odds_is_the_forced_token_against_the_rest_of_the_top_list():
+    from harness.judge import confidence
+
+    row = {"logprobs": [math.log(0.9), math.log(0.01), float("-inf")],
+           "top": [[[1, math.log(0.9)], [2, math.log(0.06)], [3, math.log(0.04)]],
+                   [[1, math.log(0.6)], [2, math.log(0.3)]], [[1, math.log(0.5)]]]}
+    odds = confidence.log_odds(row)
+    assert odds[0] == pytest.approx(math.log(0.9) - math.log(0.1))
+    assert odds[1] == pytest.approx(math.log(0.01) - math.log(0.9))        # forced token outside the list: all of it
+    assert math.isnan(odds[2])
+    rows = _odds_rows(4)
+    assert confidence.prompt_shifts(rows, _odds_rows(4, shift=-0.25)) == pytest.approx(dict.fromkeys(range(4), -0.25))
+    with pytest.raises(ValueError):
+        confidence.prompt_shifts(rows, _odds_rows(3))
+
+
+def test_confidence_cell_fails_a_one_sided_loss_beyond_the_band_only():
+    ref, aa = _odds_rows(32), [_odds_rows(32)]
+    lost = divergence.confidence_cell(ref, _odds_rows(32, shift=-0.015, noise=0.02, seed=1), aa, 0.05)
+    assert lost.status == Status.FAIL and lost.p_fail <= 0.05 / 4 and lost.test.startswith("Wilcoxon")
+    assert lost.exceed > lost.below and lost.first is not None and lost.ab["mean"] < -0.003
+    assert "Wilcoxon signed-rank test p" in lost.describe()
+    gained = divergence.confidence_cell(ref, _odds_rows(32, shift=+0.015, noise=0.02, seed=1), aa, 0.05)
+    assert gained.status == Status.PASS                                      # one-sided: more sure is no loss
+    within = divergence.confidence_cell(ref, _odds_rows(32, shift=-0.002), aa, 0.05)
+    assert within.status == Status.PASS and within.exceed == 0              # a steady shift inside the band
+    same = divergence.confidence_cell(ref, _odds_rows(32), aa, 0.05)
+    assert same.status == Status.PASS and same.p_fail > 0.5 and same.below == 32
+    assert divergence.confidence_cell(ref, _odds_rows(32, shift=-0.002), aa, 0.05, tolerance=0.001).status == Status.FAIL
+    unstable = divergence.confidence_cell(ref, _odds_rows(32), [_odds_rows(32, shift=-0.02, noise=0.01)], 0.05)
+    assert unstable.status == Status.INVALID and "unstable" in unstable.reasons[0]
+
+
+def test_confidence_rule_has_its_size_at_the_band_and_power_beyond():
+    """Symmetric noise centred exactly at −band (the null's boundary) FAILs at about the cell α, never more than
+    its Monte-Carlo error allows; centred at 0 almost never; centred at 4 × band below, nearly always."""
+    rng = np.random.default_rng(7)
+    level, runs = 0.05 / len(divergence.CELLS), 1500
+
+    def rate(centre):
+        fails = 0
+        for _ in range(runs):
+            ab = rng.normal(centre, 0.01, 32)
+            fails += divergence.confidence_status(ab, np.zeros(32), 0.05)[0] == Status.FAIL
+        return fails / runs
+    at_band = rate(-divergence.CONFIDENCE_TOLERANCE)
+    assert at_band <= level + 3 * math.sqrt(level * (1 - level) / runs) and at_band > 0
+    assert rate(0.0) < 0.002 and rate(-4 * divergence.CONFIDENCE_TOLERANCE) > 0.8
+
+
+def test_the_confidence_band_is_the_policys_confidence_tolerance():
+    ref, quiet = _odds_rows(32), _odds_rows(32, shift=-0.005, noise=0.002, seed=3)
+    assert divergence.CONFIDENCE_TOLERANCE == GatePolicy().confidence_tolerance
+    scorings = {"baseline": ref, "candidate": quiet, "baseline-2": _odds_rows(32)}
+    cells = {c.name: c for c in divergence.judge(scorings, {}, 0.05)}
+    assert cells["confidence_loss"].status == Status.FAIL
+    loose = {c.name: c for c in divergence.judge(scorings, {}, 0.05, confidence_tolerance=0.01)}
+    assert loose["confidence_loss"].status == Status.PASS
 
 
 # ------------------------------------------------------------------------------------------- in the gate and runner
@@ -235,17 +319,18 @@ def test_the_gate_fails_a_harmful_candidate_and_names_the_first_divergent_prompt
     result = gate.run_gate(_gated_run(tmp_path, "candidate-rope"), PERF)
     assert result.status == Status.FAIL and "first divergence: prompt" in result.reason
     document = json.loads((result.run_dir / gate.VERDICT).read_text())
-    assert [c["result"] for c in document["correctness"]] == ["FAIL", "PASS", "FAIL"]   # rope: decode = prefill
+    assert [c["result"] for c in document["correctness"]] == ["FAIL", "FAIL", "PASS", "FAIL"]  # rope: decode = prefill
     assert "first divergent prompt" in (result.run_dir / gate.SUMMARY).read_text()
     html = render_report(result.run_dir).read_text()
     assert 'id="correctness-table"' in html and 'id="divergence-cdf"' in html and "token_divergence" in html
     assert 'id="decode-divergence-cdf"' in html and "decode_divergence" in html and ">Cell α<" in html
+    assert 'id="confidence-cdf"' in html and "confidence_loss" in html and "0.003 nats/token" in html
     assert "0.05 nats/position" in html and "0.002 nats/token" in html
 
 
 def test_the_gate_keeps_a_harmless_candidate_and_goes_invalid_without_scorings(tmp_path):
     harmless = gate.run_gate(_gated_run(tmp_path / "a", "candidate-1"), PERF)
-    assert harmless.status == Status.PASS and [c.status for c in harmless.correctness] == [Status.PASS] * 3
+    assert harmless.status == Status.PASS and [c.status for c in harmless.correctness] == [Status.PASS] * 4
     missing = gate.run_gate(_gated_run(tmp_path / "b", None), PERF)
     assert missing.status == Status.INVALID and "scoring/baseline.json" in missing.reason
     dummy = gate.run_gate(_gated_run(tmp_path / "c", None, model={"load_format": "dummy"}), PERF)
@@ -288,5 +373,6 @@ def test_the_gate_fails_a_decode_only_defect_that_teacher_forcing_cannot_see(tmp
     result = gate.run_gate(run_dir, PERF)
     assert result.status == Status.FAIL and "decode_divergence: FAIL" in result.reason
     assert {c.name: c.status for c in result.correctness} == {
-        "token_divergence": Status.PASS, "decode_divergence": Status.FAIL, "parity": Status.PASS}
+        "token_divergence": Status.PASS, "confidence_loss": Status.PASS, "decode_divergence": Status.FAIL,
+        "parity": Status.PASS}
     assert "**decode_divergence** (vs the A/A envelope): decode vs own prefill, runner-up" in (result.run_dir / gate.SUMMARY).read_text()

@@ -74,7 +74,7 @@ def _rows(out: torch.Tensor) -> list[set[int]]:
 
 def test_the_catalogue_is_the_one_setting_and_names_its_sources():
     assert set(KINDS) == {*DEFECTS, "step-delay"} and all(kind in ALLOWED for kind in KINDS)
-    assert sum(spec.harmful for spec in DEFECTS.values()) == 12
+    assert sum(spec.harmful for spec in DEFECTS.values()) == 13
     assert [k for k, spec in DEFECTS.items() if not spec.harmful] == ["topk-order", "topk-tie-last"]
     assert all(len(spec.cites) > 20 for spec in DEFECTS.values())
     assert [k for k, spec in DEFECTS.items() if spec.min_spec_tokens] == ["mtp-hidden-unnormed"]
@@ -117,6 +117,38 @@ def test_lost_key_drops_the_lowest_selected_key_only_where_the_row_had_to_choose
             assert lost[s] < exact[s] and dropped == min(exact[s], key=lambda i: float(logits[s, i]))
         else:
             assert lost[s] == exact[s]
+
+
+def test_coarse_bins_are_order_preserving_and_a_quarter_octave_wide():
+    """The stage-1 bins of the radix top-k: [1.0, 1.25) is one bin (vLLM #51782's boundary), 1.25 the next; order
+    is kept across signs and zero."""
+    from dsa_route.dsa.injections import coarse_bin
+
+    values = torch.tensor([-3.0, -1.0, -0.5, 0.0, 0.3, 1.0, 1.1, 1.244, 1.25, 2.0, 40.0])
+    bins = coarse_bin(values)
+    assert bool((bins[1:] >= bins[:-1]).all()) and bins.dtype == torch.int32
+    assert len({int(b) for b in bins[5:8]}) == 1 and int(bins[8]) == int(bins[7]) + 1
+    assert int(bins[0]) < int(bins[1]) < int(bins[3]) < int(bins[4])
+
+
+def test_bin_overflow_takes_the_threshold_bin_in_arrival_order():
+    """Keys above the k-th score's coarse bin are kept; the threshold bin's keys are taken by key index, not score;
+    a row with no choice, or whose threshold bin holds just what it needs, is the exact top-k."""
+    logits = torch.tensor([[1.10, 1.20, 5.0, 1.05, 1.24, 0.1, 0.2, 0.3],
+                           [1.10, 1.20, 5.0, 7.0, 3.0, 0.1, 0.2, 0.3],
+                           [1.10, float("-inf"), 5.0, float("-inf"), float("-inf"), float("-inf"), float("-inf"),
+                            float("-inf")]])
+    out = _select("topk-bin-overflow", logits, 3)
+    assert _rows(out) == [{0, 1, 2}, {2, 3, 4}, {0, 2}]
+    assert _rows(topk_indices(logits, 3))[0] == {1, 2, 4}                   # by score: 1.24 and 1.20, not 1.10
+    assert out[2].tolist() == [0, 2, -1] and out.dtype == torch.int32
+    S, T, K = 24, 40, 8
+    logits = _causal_logits(S, T, seed=5)
+    exact, overflow = _rows(topk_indices(logits, K)), _rows(_select("topk-bin-overflow", logits, K))
+    visible = (logits != float("-inf")).sum(-1)
+    assert all(len(o) == min(K, int(v)) for o, v in zip(overflow, visible))
+    assert any(o != e for o, e in zip(overflow, exact)) and any(o == e for o, e, v in zip(overflow, exact, visible)
+                                                                  if v > K)
 
 
 def test_pad_zero_reads_the_padding_of_short_rows_as_key_zero():

@@ -105,6 +105,97 @@ def test_sparse_selection_matches_reference_topk():
             assert set(torch.nonzero(chosen[b, s]).flatten().tolist()) == set(ref[s][ref[s] >= 0].tolist())
 
 
+def _dense_masked_kl(attn, x, cos, sin, visible):
+    """The sparse stage's indexer KL sum and selection in the masked dense form (every key's logit with autograd,
+    ``log_softmax`` over ``[B,S,T]`` masked to the selection): what :func:`batched.attention_train` computed before
+    it took the gradient on the selected keys only."""
+    B, S, _ = x.shape
+    H, N, R, L, V = attn.n_heads, attn.nope_dim, attn.rope_dim, attn.kv_lora_rank, attn.v_dim
+    q_latent = attn.q_a_layernorm(attn.q_a_proj(x))
+    q = attn.q_b_proj(q_latent).view(B, S, H, N + R)
+    q_pe = batched.apply_rope(q[..., N:], cos[:, :, None], sin[:, :, None], interleaved=attn.rope_interleave)
+    kv = attn.kv_a_proj_with_mqa(x)
+    c_kv = attn.kv_a_layernorm(kv[..., :L])
+    k_pe = batched.apply_rope(kv[..., L:], cos, sin, interleaved=attn.rope_interleave)
+    w_uk, _ = batched.split_kv_b(attn.kv_b_proj.weight, H, N, V)
+    k_nope = torch.einsum("btl,hnl->bhtn", c_kv, w_uk)
+    scores = (torch.einsum("bshn,bhtn->bhst", q[..., :N], k_nope) + torch.einsum("bshr,btr->bhst", q_pe, k_pe)
+              ) * attn.softmax_scale
+    index_logits = batched.indexer_scores(attn, x.detach(), q_latent.detach(), cos, sin)  # [B,S,T], autograd
+    keys = batched.select_topk(index_logits, visible, attn.index_topk)
+    probs = torch.softmax(scores.masked_fill(~keys[:, None], float("-inf")), dim=-1)
+    rows = visible.any(-1)
+    probs = torch.where(rows[:, None, :, None], probs, torch.zeros_like(probs))
+    target = probs.detach().sum(1)
+    target = target / target.sum(-1, keepdim=True).clamp_min(1e-30)
+    logq = torch.log_softmax(index_logits.masked_fill(~keys, float("-inf")), dim=-1)
+    return batched._kl_sum(target, logq, rows.float()), keys
+
+
+def test_selected_key_gradient_equals_the_masked_dense_form(tok):
+    """The sparse stage takes the indexer logits' gradient at the selected keys only: the same KL and the same
+    indexer gradients as the masked dense ``[B,S,T]`` form, on a batch with padded rows and queries that see fewer
+    than ``index_topk`` keys."""
+    torch.manual_seed(0)
+    config = arith_config(vocab_size_of(tok)).replace(indexer_fp8=False)
+    model = DsaForCausalLM(config).init_random(3)
+    attn = model.decoder_layers[0].self_attn
+    ids, lengths, _ = train.encode_batch(tok, task.generate(3, 11), 0.1)
+    assert int(lengths.min()) < int(lengths.max()) and int(lengths.max()) > config.index_topk
+    B, S = ids.shape
+    positions = torch.arange(S).expand(B, S)
+    cos, sin = model.rope.cos_sin(positions)
+    real = positions < lengths[:, None]
+    visible = torch.tril(torch.ones(S, S, dtype=torch.bool))[None] & real[:, None, :] & real[:, :, None]
+    x = model.decoder_layers[0].input_layernorm(model.model.embed_tokens(ids)).detach()
+    params = list(attn.indexer.parameters())
+
+    want, want_keys = _dense_masked_kl(attn, x, cos, sin, visible)
+    want_grads = torch.autograd.grad(want, params)
+    _, got, rows = batched.attention_train(attn, x, cos, sin, visible, sparse=True)
+    got_grads = torch.autograd.grad(got, params)
+    assert float(rows) == int(lengths.sum())
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        assert float(w.abs().max()) > 0
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+    idx, valid = batched.topk_keys(batched.indexer_scores(attn, x, attn.q_a_layernorm(attn.q_a_proj(x)), cos, sin),
+                                   visible, config.index_topk)
+    assert torch.equal(torch.zeros_like(visible).scatter_(-1, idx, valid), want_keys)
+    assert not bool(valid[0, :config.index_topk - 1].all())  # early queries see fewer keys than index_topk
+
+
+def test_length_buckets_keep_the_whole_batch_loss_and_gradient(tok):
+    """``train.batch_loss`` over length buckets is the unsplit batch's loss, and so its gradient."""
+    model = DsaForCausalLM(arith_config(vocab_size_of(tok))).init_random(4)
+    ids, lengths, weights = train.encode_batch(tok, task.generate(6, 13, min_distractors=0, max_distractors=30), 0.1)
+    buckets = train.length_buckets(lengths, 3 * int(lengths.max()))
+    assert len(buckets) > 1 and sorted(torch.cat(buckets).tolist()) == list(range(6))
+    assert all(len(b) * int(lengths[b].max()) <= 3 * int(lengths.max()) for b in buckets)
+    results = []
+    for max_tokens in (0, 3 * int(lengths.max())):
+        for sparse in (False, True):
+            model.zero_grad()
+            loss, parts = train.batch_loss(model, ids, lengths, weights, sparse=sparse, mtp_weight=0.3,
+                                           max_tokens=max_tokens)
+            loss.backward()
+            results.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    for (loss_a, grads_a), (loss_b, grads_b) in zip(results[:2], results[2:]):
+        torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads_a, grads_b):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-3)
+    full = batched.forward_train(model, ids, lengths, sparse=True)
+    lm, mtp = batched.lm_losses(full, ids, weights)
+    torch.testing.assert_close(results[1][0], lm + 0.3 * mtp + full.indexer_kl, atol=1e-5, rtol=1e-5)
+
+
+def test_length_buckets_split_by_padded_tokens():
+    lengths = torch.tensor([5, 50, 20, 49, 6])
+    assert [b.tolist() for b in train.length_buckets(lengths, 100)] == [[1, 3], [2, 4, 0]]
+    assert [b.tolist() for b in train.length_buckets(lengths, 10)] == [[1], [3], [2], [4], [0]]
+    assert [b.tolist() for b in train.length_buckets(lengths, 0)] == [[0, 1, 2, 3, 4]]
+
+
 def test_indexer_kl_is_zero_when_indexer_matches_attention():
     p = torch.tensor([[[0.2, 0.8, 0.0]]])
     assert float(batched._kl_rows(p, torch.log(p), torch.ones(1, 1))) == pytest.approx(0.0, abs=1e-6)
@@ -126,6 +217,33 @@ def test_training_lowers_the_loss_and_exports_a_loadable_checkpoint(tmp_path):
     assert model.config.index_n_heads >= 16 and (out / "tokenizer.json").is_file()
     mtp = model.mtp_layers[0]
     assert torch.equal(mtp.shared_head.head.weight, model.lm_head.weight)
+
+
+def test_fine_tune_from_a_checkpoint_on_long_problems(tmp_path):
+    """``--init`` starts from a checkpoint's weights (not ``--seed``'s), ``--distractors`` lengthens the problems,
+    ``--precision fp32`` and ``--micro-tokens`` train them; the record keeps all four. A missing or foreign
+    checkpoint is one line and exit 2."""
+    base = tmp_path / "base"
+    args = ["--batch", "4", "--no-progress", "--warmup-steps", "1"]
+    train.main(["--steps", "1", "--work", str(tmp_path / "w0"), "--out", str(base), "--seed", "5", *args])
+    out = tmp_path / "long"
+    assert train.main(["--steps", "2", "--work", str(tmp_path / "w1"), "--out", str(out), "--init", str(base),
+                       "--lr", "1e-9", "--distractors", "30", "34", "--precision", "fp32", "--micro-tokens", "600",
+                       *args]) == 0
+    record = json.loads((out / "train.json").read_text())
+    assert record["args"]["init"] == str(base) and record["args"]["distractors"] == [30, 34]
+    assert record["args"]["precision"] == "fp32" and record["args"]["micro_tokens"] == 600
+    tuned, start = DsaForCausalLM.from_pretrained(out), DsaForCausalLM.from_pretrained(base)
+    fresh = DsaForCausalLM(start.config).init_random(0)
+    name = "model.layers.0.self_attn.q_a_proj.weight"
+    torch.testing.assert_close(tuned.state_dict()[name], start.state_dict()[name], atol=1e-2, rtol=0)
+    assert not torch.allclose(tuned.state_dict()[name].float(), fresh.state_dict()[name].float(), atol=1e-2)
+    assert train.main(["--steps", "1", "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "x"),
+                       "--init", str(tmp_path / "missing"), *args]) == 2
+    other = tmp_path / "other"
+    DsaForCausalLM(arith_config(vocab_size_of(train.build_tokenizer()), hidden_size=64)).save_pretrained(other)
+    assert train.main(["--steps", "1", "--work", str(tmp_path / "w3"), "--out", str(tmp_path / "y"),
+                       "--init", str(other), *args]) == 2
 
 
 def test_resume_continues_the_step_count(tmp_path):
@@ -160,6 +278,16 @@ def test_injections_change_selection_and_restore(tok):
 @pytest.mark.parametrize("drop, parity, expected", [(15.0, 0.49, True), (14.9, 0.0, False), (50.0, 0.5, False)])
 def test_sensitivity_criteria_are_the_issues(drop, parity, expected):
     assert sensitivity.sensitive({"drop_points": {"strict-match": drop}, "parity": parity}) is expected
+
+
+def test_scoring_rows_are_the_served_scoring_format():
+    """``--scorings-out`` rows: per problem the forced tokens' log p and, per position, the top-k ``[id, log p]``
+    descending — what ``harness.judge.confidence`` reads from a served scoring."""
+    rows = [torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 0.0, 0.0, 1.0]]), dim=-1)]
+    out = sensitivity.scoring_rows(rows, [[2, 0]], top_k=3)
+    assert out[0]["index"] == 0 and out[0]["logprobs"] == pytest.approx([float(rows[0][0, 2]), float(rows[0][1, 0])])
+    assert [pair[0] for pair in out[0]["top"][0]] == [1, 3, 2] and len(out[0]["top"][1]) == 3
+    assert out[0]["top"][1][0] == [0, pytest.approx(float(rows[0][1, 0]))]
 
 
 def test_cli_bad_checkpoint_exits_2(tmp_path):

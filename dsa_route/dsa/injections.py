@@ -83,6 +83,8 @@ class Defect:
             out = topk_indices(logits, k)
             if rule == "lost-boundary":
                 out = _drop_lowest(logits, out, k)
+            elif rule == "bin-overflow":
+                out = _bin_overflow(logits, k)
             elif rule == "pad-zero":
                 out = out.clamp_min(0)
             elif rule == "descending":
@@ -117,6 +119,42 @@ def _drop_lowest(logits: torch.Tensor, out: torch.Tensor, k: int) -> torch.Tenso
     enough = (logits != float("-inf")).sum(-1, keepdim=True) > k
     out = out.scatter(1, lowest, torch.where(enough, -1, out.gather(1, lowest)))
     return _pad_last(out)
+
+
+COARSE_BIN_SHIFT = 8
+"""Bits dropped from a score's order-preserving fp16 key to make its coarse bin: 256 bins of sign, exponent and the
+2 leading mantissa bits, so [1.0, 1.25) is one bin — the boundary vLLM #51782 measured ("rows whose values all lie
+in [1.0, 1.245) ... every element into a single coarse bin")."""
+
+
+def coarse_bin(scores: torch.Tensor) -> torch.Tensor:
+    """``int32`` coarse bin of each fp32 score (higher bin = higher score): the fp16 value's bits made
+    order-preserving (negative: all bits flipped; positive: the sign bit set), then the top 8 bits — the stage-1
+    histogram of the radix-select top-k kernels (vLLM ``persistent_topk`` / ``top_k_per_row``; AMD aiter
+    ``topk_per_row_kernels.cu`` ``extractBinIdx``)."""
+    bits = scores.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    key = torch.where(bits >= 0x8000, ~bits & 0xFFFF, bits | 0x8000)
+    return key >> COARSE_BIN_SHIFT
+
+
+def _bin_overflow(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``int32 [S, K]``: the top-k kernel whose threshold-bin stash overflows (vLLM #51782, PRs #52149 / #55314).
+    Every key in a coarse bin (:func:`coarse_bin`) above the k-th score's bin is selected; of the keys in that
+    threshold bin only the first ones to arrive (key order) reach refinement, as many as the selection still needs —
+    the stash's smallest capacity, where the overflow's rows "drop candidates in atomic arrival order" — so tied and
+    near-tied keys of the bin are chosen by position, not by score. Rows with ≤ k visible keys are unchanged."""
+    visible = logits != float("-inf")
+    exact = topk_indices(logits, k)                                                  # [S, K]
+    kth = torch.where(exact >= 0, logits.gather(1, exact.clamp_min(0).long()), float("inf")).amin(-1, keepdim=True)
+    bins, threshold = coarse_bin(logits), coarse_bin(kth)                           # [S, T], [S, 1]
+    above = visible & (bins > threshold)
+    in_bin = visible & (bins == threshold)
+    need = k - above.sum(-1, keepdim=True)
+    chosen = above | (in_bin & (in_bin.cumsum(-1) <= need))
+    chosen &= (visible.sum(-1, keepdim=True) > k) | visible                        # short rows: every visible key
+    order = torch.where(chosen, torch.arange(logits.shape[-1], device=logits.device), logits.shape[-1])
+    picked = order.sort(dim=-1).values[:, :k]
+    return torch.where(picked == logits.shape[-1], -1, picked).to(torch.int32)
 
 
 def _pad_last(out: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, MTP_POSITIONS, Metric
-from harness.judge.divergence import DECODE_TOLERANCE, TOKEN_TOLERANCE
+from harness.judge.divergence import CONFIDENCE_TOLERANCE, DECODE_TOLERANCE, TOKEN_TOLERANCE
 from harness.judge.stalls import Estimator
 from harness.rundir.schema import SEVERITY, Level, Status, level_regimes
 
@@ -105,6 +105,11 @@ class GatePolicy(BaseModel):
     """Nats per position: the per-prompt mean decode-vs-prefill gap of the runner-up token beyond the A/A envelope
     that the ``decode_divergence`` cell counts (:data:`harness.judge.divergence.DECODE_TOLERANCE`, where the default
     is derived). A build whose decode and prefill kernels round differently (another GPU kernel pair) raises it."""
+    confidence_tolerance: float = Field(CONFIDENCE_TOLERANCE, gt=0.0, le=1.0)
+    """Nats per token: the largest mean fall of the forced tokens' log-odds (against their top-k competitors) a
+    correct candidate may show against the A/A; the ``confidence_loss`` cell FAILs a larger fall by a one-sided
+    Wilcoxon test (:mod:`harness.judge.confidence`, where the default is derived). A scenario whose harmless change
+    moves the numerics more raises it."""
     require_attestation: bool = True
     """Whether a cell needs both arms' execution path attested from their server logs. ``false`` judges results
     whose path cannot be observed (``dsa-bench import``, servers started by other tooling); PASS then rests on the

@@ -1,6 +1,7 @@
-"""The report's correctness section: the token-divergence, decode-divergence and parity cells against their A/A
-envelope, from ``verdict.json``'s ``correctness`` list (:class:`harness.rundir.documents.CorrectnessCellDoc`), with
-each divergence cell's per-token ``|Δ log p|`` CDF of the A/B beside the A/A (the quantiles the gate stored)."""
+"""The report's correctness section: the token-divergence, confidence, decode-divergence and parity cells against
+their A/A envelope, from ``verdict.json``'s ``correctness`` list (:class:`harness.rundir.documents.CorrectnessCellDoc`),
+with each divergence cell's per-token ``|Δ log p|`` CDF (the confidence cell's signed log-odds shift) of the A/B beside
+the A/A (the quantiles the gate stored)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ LINEAR_BELOW = 1e-4
 
 
 PLOTS = {
-    "token_divergence": ("divergence-cdf", "the forced token", "Per-token divergence, A/B against A/A",
+    "token_divergence": ("divergence-cdf", "|Δ log p| of the forced token", "Per-token divergence, A/B against A/A",
                          "Both arms score the baseline's greedy continuation of every parity prompt (teacher forcing, "
                          "prompt_logprobs); the further right the A/B curve sits from the A/A, the more the candidate "
                          "moves the model's distribution."),
-    "decode_divergence": ("decode-divergence-cdf", "the runner-up token, decode vs prefill",
+    "confidence_loss": ("confidence-cdf", "Δ log-odds of the forced token against its top-20 competitors",
+                        "Confidence in the baseline's tokens, A/B against A/A",
+                        "Per forced position, how much the candidate (A/B) or the baseline's second session (A/A) "
+                        "changes the log-odds of the baseline's token against the other top-20 entries; negative: "
+                        "less sure of it. Rounding moves it both ways; a defect that costs information shifts the "
+                        "A/B curve left."),
+    "decode_divergence": ("decode-divergence-cdf", "|Δ log p| of the runner-up token, decode vs prefill",
                           "Decode against prefill, candidate against the baseline sessions",
                           "Per position of the common greedy prefix, how far a session's decode (the parity requests' "
                           "logprobs: the decode path and its caches) puts the runner-up token's log p from where its "
@@ -28,9 +35,9 @@ PLOTS = {
 
 
 def divergence_plot(name: str, cdf: Mapping[str, list[float]]) -> Plot | None:
-    """Empirical CDF of the per-token ``|Δ log p|`` of divergence cell ``name`` (:data:`PLOTS`): A/B (reference vs
-    candidate) and A/A (reference vs its second session and its other batch), from the 0–100 % quantiles; None
-    without data or for a cell without a plot (parity)."""
+    """Empirical CDF of the per-token statistic of divergence cell ``name`` (:data:`PLOTS`: ``|Δ log p|``, or the
+    signed log-odds shift): A/B (reference vs candidate) and A/A (reference vs its second session and its other
+    batch), from the 0–100 % quantiles; None without data or for a cell without a plot (parity)."""
     quantiles = cdf.get("quantiles") or []
     if name not in PLOTS or not quantiles or not (cdf.get("ab") or cdf.get("aa")):
         return None
@@ -40,10 +47,10 @@ def divergence_plot(name: str, cdf: Mapping[str, list[float]]) -> Plot | None:
         if cdf.get(side):
             axes.step(cdf[side], quantiles, where="post", label=label, color=color)
     axes.set_xscale("symlog", linthresh=LINEAR_BELOW)
-    axes.set_xlabel(f"|Δ log p| of {what} (nats, symlog)")
+    axes.set_xlabel(f"{what} (nats, symlog)")
     axes.set_ylabel("share of positions")
     axes.legend(loc="lower right")
-    return Plot(key, title, f"CDF of per-token |Δ log p| of {what}, A/B and A/A", caption, png_data_uri(figure))
+    return Plot(key, title, f"CDF of per-token {what}, A/B and A/A", caption, png_data_uri(figure))
 
 
 def correctness_section(verdict: Any) -> list[dict[str, Any]] | None:
@@ -57,7 +64,8 @@ def correctness_section(verdict: Any) -> list[dict[str, Any]] | None:
 
 def tie_band(verdict: Any, key: str = "token_tolerance", unit: str = "nats/token") -> str:
     """A divergence cell's tie band as the report states it: ``"0.002 nats/token"`` from the verdict's policy
-    (``policy_fields.<key>``: ``token_tolerance``, or ``decode_tolerance`` in nats/position), or ``"the policy's
+    (``policy_fields.<key>``: ``token_tolerance``, ``confidence_tolerance``, or ``decode_tolerance`` in
+    nats/position), or ``"the policy's
     <key>"`` when the verdict predates the field."""
     fields = verdict.get("policy_fields") if isinstance(verdict, Mapping) else None
     value = fields.get(key) if isinstance(fields, Mapping) else None

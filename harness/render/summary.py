@@ -175,6 +175,10 @@ def _correctness_lines(cells) -> list[str]:
             figures = (f"per-token |Δ log p| A/B p99 {fmt(cell.ab.get('p99'), 4)}, max {fmt(cell.ab.get('max'), 4)} "
                        f"nats, arg-max flips {fmt(100 * (cell.ab.get('flip_share') or 0.0), 1)} % · A/A max "
                        f"{fmt(cell.aa.get('max'), 4)}")
+        elif cell.name == "confidence_loss":
+            figures = (f"forced tokens' log-odds shift per prompt A/B mean {fmt(cell.ab.get('mean'), 4)}, lowest "
+                       f"{fmt(cell.ab.get('min'), 4)} nats/token · A/A mean {fmt(cell.aa.get('mean'), 4)} · band "
+                       f"{fmt(cell.ab.get('tolerance'), 4)}")
         elif cell.name == "decode_divergence":
             figures = (f"decode vs own prefill, runner-up |Δ log p| over {cell.ab.get('positions', '—')} of "
                        f"{cell.ab.get('tokens', '—')} positions: A/B p99 {fmt(cell.ab.get('p99'), 4)}, max "
@@ -185,7 +189,8 @@ def _correctness_lines(cells) -> list[str]:
         first = (f"; first divergent prompt {cell.first[0]} at token {cell.first[1]}"
                  if cell.first is not None and cell.result == "FAIL" else "")
         lines.append(f"**{cell.name}** (vs the A/A envelope): {figures}; {cell.exceed} prompt(s) beyond it, "
-                     f"{cell.below} within it by more, sign test p = {cell.p_fail:.3g} (cell α = {cell.alpha:g})"
+                     f"{cell.below} within it by more, {getattr(cell, 'test', None) or 'sign test'} p = "
+                     f"{cell.p_fail:.3g} (cell α = {cell.alpha:g})"
                      f"{first} · {status_text(cell.result)}")
     return lines + [""] if lines else []
 

@@ -242,6 +242,7 @@ def build_context(run_dir: Path, sections: Mapping[str, Any] | None = None) -> d
         "correctness": correctness_section(given.get("verdict")),
         "token_tie_band": tie_band(given.get("verdict")),
         "decode_tie_band": tie_band(given.get("verdict"), "decode_tolerance", "nats/position"),
+        "confidence_band": tie_band(given.get("verdict"), "confidence_tolerance", "nats/token"),
         "designs": designs,
         "files": store.listing(),
         "metrics": METRICS,

@@ -105,8 +105,9 @@ class VerdictCell(_Open):
 
 class CorrectnessCellDoc(_Open):
     """One cell of the correctness family in ``verdict.json`` (``harness.judge.divergence.CorrectnessCell``): the
-    prompts beyond / within / tied with the A/A envelope, the sign test's p against ``alpha``, the A/B and A/A
-    summaries, the first divergent (prompt, token) and the per-token ``|Δ log p|`` quantiles (``cdf``)."""
+    prompts beyond / within / tied with the A/A envelope, the ``test``'s p against ``alpha`` (a sign test; the
+    ``confidence_loss`` cell's Wilcoxon signed-rank test), the A/B and A/A summaries, the first divergent (prompt,
+    token) and the per-token quantiles of the cell's statistic (``cdf``)."""
 
     name: str
     family: str = "correctness"
@@ -121,6 +122,7 @@ class CorrectnessCellDoc(_Open):
     aa: dict[str, Any] = Field(default_factory=dict)
     first: tuple[int, int] | None = None
     cdf: dict[str, list[float]] = Field(default_factory=dict)
+    test: str = "sign test"
     note: str = ""
 
 

@@ -1,6 +1,6 @@
 """The kill matrix of ``dsa-bench calibrate --defects``: which gated cells each catalogue defect FAILs.
 
-Per defect of :data:`dsa_route.inject.DEFECTS` (12 harmful, 2 harmless) one gated A/A comparison runs with the
+Per defect of :data:`dsa_route.inject.DEFECTS` (13 harmful, 2 harmless) one gated A/A comparison runs with the
 defect injected into the candidate only (:func:`harness.compare.run_aa`); its ``verdict.json`` is read here.
 A row's ``outcome`` is what the defect's ``harmful`` flag makes of the verdict:
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 from collections.abc import Iterator
 
 import torch
@@ -77,6 +78,22 @@ def forced_logsoftmax(model: DsaForCausalLM, tok, problems: list[Problem],
 def forced_logprobs(rows: list[torch.Tensor], outputs: list[list[int]]) -> list[torch.Tensor]:
     """Per problem ``float32 [len(output)]``: log p of each of ``outputs``' tokens in :func:`forced_logsoftmax` rows."""
     return [row.gather(1, torch.tensor(output, dtype=torch.long)[:, None])[:, 0] for row, output in zip(rows, outputs)]
+
+
+SCORING_TOP_K = 20
+"""Top entries per position in :func:`scoring_rows`: what the served scoring requests (``prompt_logprobs`` 20)."""
+
+
+def scoring_rows(rows: list[torch.Tensor], outputs: list[list[int]], top_k: int = SCORING_TOP_K) -> list[dict]:
+    """:func:`forced_logsoftmax` rows as the served scoring's rows (``harness.run.scoring.parse_scores``: per
+    problem ``{"index", "logprobs": [log p of each forced token], "top": [[[id, log p] × top_k] per position]}``,
+    nats), so the harness's correctness statistics read the reference model's scorings unchanged."""
+    out = []
+    for index, (row, output) in enumerate(zip(rows, outputs)):
+        values, ids = row.topk(min(top_k, row.shape[-1]), dim=-1)                   # [O, k]
+        out.append({"index": index, "logprobs": [float(row[k, t]) for k, t in enumerate(output)],
+                    "top": [[[int(i), float(v)] for i, v in zip(ids[k], values[k])] for k in range(len(output))]})
+    return out
 
 
 def divergence(base: list[torch.Tensor], other: list[torch.Tensor], tolerance: float) -> dict:
@@ -132,26 +149,37 @@ def decode_gap_summary(gaps: list[float | None], correct: list[float | None], to
 
 def run(model: DsaForCausalLM, tok, n: int, seed: int = TEST_SEED, kinds: tuple[str, ...] = INJECTIONS,
         mtp_n: int = 0, tolerance: float = DEFAULT_TOLERANCE,
-        decode_tolerance: float = DEFAULT_DECODE_TOLERANCE) -> dict:
+        decode_tolerance: float = DEFAULT_DECODE_TOLERANCE, distractors: tuple[int, int] = (4, 8),
+        scorings: dict | None = None) -> dict:
     """``{"correct": {accuracy, mtp_acceptance_rate, mtp_n, decode_vs_prefill}, "<kind>": {accuracy, drop_points,
     parity, divergence, decode_divergence, decode_vs_prefill}}`` over ``n`` test problems (MTP acceptance of the
     correct path on the first ``mtp_n``; divergence: :func:`divergence` of the correct path's greedy tokens scored on
     both paths; decode_divergence: :func:`decode_divergence` of both paths' greedy decodes; decode_vs_prefill:
-    :func:`decode_gap_summary` of each path's :func:`decode_gaps`)."""
-    problems = generate(n, seed)
+    :func:`decode_gap_summary` of each path's :func:`decode_gaps`). ``distractors``: the test problems' distractor
+    range (:func:`.task.make_problem`; more: longer prompts). ``scorings`` (a dict, filled in): the served-format
+    teacher-forced scoring rows (:func:`scoring_rows`) of the correct path's greedy tokens, under ``"correct"`` and
+    each defect's name, with the ``"outputs"`` they score."""
+    problems = generate(n, seed, min_distractors=distractors[0], max_distractors=distractors[1])
     base = evaluate(model, tok, problems, mtp_n=mtp_n)
     base_rows = forced_logsoftmax(model, tok, problems, base.outputs)
+    if scorings is not None:
+        scorings.update(outputs=base.outputs, correct=scoring_rows(base_rows, base.outputs))
     base_scores = forced_logprobs(base_rows, base.outputs)
     base_gaps = decode_gaps(base.decode_top, base_rows)
-    report: dict = {"n": n, "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
-                                        "mtp_n": base.mtp_n,
-                                        "decode_vs_prefill": decode_gap_summary(base_gaps, base_gaps,
-                                                                                decode_tolerance)}}
+    lengths = sorted(prompt_ids(tok, p).shape[-1] for p in problems)
+    report: dict = {"n": n, "distractors": list(distractors),
+                    "prompt_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]},
+                    "correct": {"accuracy": base.accuracy, "mtp_acceptance_rate": base.mtp_acceptance_rate,
+                                "mtp_n": base.mtp_n,
+                                "decode_vs_prefill": decode_gap_summary(base_gaps, base_gaps, decode_tolerance)}}
     for kind in kinds:
         with injected(model, kind):
             res = evaluate(model, tok, problems)
-            scores = forced_logprobs(forced_logsoftmax(model, tok, problems, base.outputs), base.outputs)
+            forced = forced_logsoftmax(model, tok, problems, base.outputs)
+            scores = forced_logprobs(forced, base.outputs)
             gaps = decode_gaps(res.decode_top, forced_logsoftmax(model, tok, problems, res.outputs))
+        if scorings is not None:
+            scorings[kind] = scoring_rows(forced, base.outputs)
         same = sum(a == b for a, b in zip(base.outputs, res.outputs)) / n
         report[kind] = {"accuracy": res.accuracy, "parity": same,
                         "divergence": divergence(base_scores, scores, tolerance),
@@ -170,15 +198,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-tolerance", type=float, default=DEFAULT_DECODE_TOLERANCE,
                     help="nats / position: a problem's decode-vs-prefill gap beyond the correct path's by more "
                          "counts (default %(default)s)")
+    ap.add_argument("--distractors", type=int, nargs=2, metavar=("MIN", "MAX"), default=(4, 8),
+                    help="distractor sentences per test problem (default %(default)s, the committed checkpoint's "
+                         "training range; more: longer prompts)")
+    ap.add_argument("--scorings-out", default=None,
+                    help="write the correct path's and each defect's teacher-forced scoring rows (served format, "
+                         "top 20) to this JSON file (for python -m harness.study.divergence_simulation --reference)")
     args = ap.parse_args(argv)
+    if not 0 <= args.distractors[0] <= args.distractors[1]:
+        ap.error("--distractors needs 0 <= MIN <= MAX")
     if args.tolerance <= 0 or args.decode_tolerance <= 0:
         ap.error("--tolerance and --decode-tolerance must be > 0 (nats)")
     loaded = cli_load(ap, args)
     if loaded is None:
         return 2
     model, tok = loaded
+    scorings: dict | None = {} if args.scorings_out else None
     report = run(model, tok, args.n, args.seed, tuple(args.inject or INJECTIONS), args.mtp_n, args.tolerance,
-                 args.decode_tolerance)
+                 args.decode_tolerance, tuple(args.distractors), scorings)
+    if scorings is not None:
+        meta = {"checkpoint": args.checkpoint, "n": args.n, "seed": args.seed, "distractors": list(args.distractors),
+                "top_k": SCORING_TOP_K}
+        Path(args.scorings_out).write_text(json.dumps({**meta, **scorings}))
     for kind in ("correct", *(args.inject or INJECTIONS)):
         r = report[kind]
         acc = " ".join(f"{f} {100 * a:5.1f} %" for f, a in r["accuracy"].items())
