@@ -263,4 +263,4 @@ def plan_text(plan, refusal: str | None) -> str:
                    f"{len(spec.metrics)} metrics = {tested} tests at α = {alpha:g} per level")
     lines.append("arms: " + "; ".join(f"{arm.name} ({arm.description})" for arm in plan.arms))
     lines.append("")
-    return "\n".join(lines) + "\n" + plan_view.compact(plan, estimate(plan), refusal)
+    return "\n".join(lines) + "\n" + plan_view.compact(plan, estimate(plan), refusal, command="dsa-bench attribute")

@@ -32,6 +32,8 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
                    baseline_only, candidate_only, p_value}]}        # the HTML report's GSM8K section shape
     validity {failures [{arm, concurrency, round, check, detail}], not_checked [str]},
     notes [str], evaluated: bool (false: the data could not be read, no figures),
+    sessions_needed: null | int   # INCONCLUSIVE: sessions per arm for 90 % that every primary cell PASSes an
+                                  # unchanged candidate (harness.judge.verdict.joint_sessions_needed)
     noise: null | {column, levels [{concurrency, pairs, sd, low, high, upper}], pooled {same}, blocks_timed,
                    wall_per_block_s, cost_s, minutes_to_1pct_se, blocks_3pct, blocks_3pct_upper, minutes_3pct}
            # this run's paired spread of output throughput per session block and its cost per decision
@@ -322,6 +324,7 @@ def verdict_document(result: GateResult) -> dict[str, Any]:
         "validity": {"failures": verdict.validity.failures if verdict else [],
                      "not_checked": verdict.validity.not_checked if verdict else []},
         "notes": verdict.notes if verdict else [], "evaluated": verdict is not None,
+        "sessions_needed": verdict.sessions_needed if verdict else None,
         "noise": _noise(result),
         "stalls": [s.to_dict() for s in verdict.stalls] if verdict else [],
         "correctness": [c.to_dict() for c in result.correctness],

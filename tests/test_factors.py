@@ -142,6 +142,7 @@ def test_the_gpu_attribution_plan_lists_every_arm_path_and_the_cost(capsys):
     assert "2^(4−1) fraction, D = ABC" in out and "AB=CD" in out and "32 server sessions" in out
     assert re.search(r"GPU-hours \(4 GPUs held\)", out)
     assert sum(f"== arm {arm_name(r)} " in out for r in design_rows(4, "half")) == 8
+    assert "`dsa-bench attribute` would refuse on this machine" in out and "`dsa-bench compare`" not in out
 
 
 def test_a_knob_that_meets_the_routes_own_breakable_graphs_is_refused_in_one_line(tmp_path, capsys):

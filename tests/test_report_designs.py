@@ -142,3 +142,40 @@ def test_the_next_step_never_advises_the_design_the_run_already_ran():
     assert _cheaper_design({"study": study, "design": "sequential-1r"}, 4.6).startswith(
         "the design concurrent-pinned would be cheaper: 0.0083")
     assert _cheaper_design({"study": study, "design": None}, 0.001) == ""        # the run was cheaper itself
+
+
+
+
+def test_the_verdict_and_the_next_step_quote_one_sessions_figure(tmp_path, monkeypatch):
+    """The fresh-clone review of 2026-12-05: summary.md's verdict said ≈724 sessions per arm, its "Next" line ≈580
+    (the largest single cell's figure). Both now quote the verdict's joint figure (``sessions_needed``), here an A/A
+    of 4 recorded session blocks whose spread puts it beyond the advice's cap, and no per-cell figure."""
+    from harness.render.answer import _inconclusive_step
+    from report_runs import _drawn
+
+    monkeypatch.setattr(designs, "STUDY_DIR", tmp_path / "no-study")
+    run = _drawn(tmp_path / "aa4", 4, 1.0)
+    document = run_gate(run).document
+    assert document["overall"] == "INCONCLUSIVE" and document["sessions_needed"] is None
+    assert "more than the 1000-session cap" in document["reason"]
+    render_report(run)
+    step = next(line for line in RunDir(run).file("summary.md").read_text().splitlines() if line.startswith("Next:"))
+    assert "more sessions per arm than the advice's cap" in step and "would decide" not in step, step
+    cells = [{"result": "INCONCLUSIVE", "repeats_needed": 580, "repeats": 4}]
+    step = _inconclusive_step({"cells": cells, "sessions_needed": 724, "noise": {"wall_per_block_s": 143}}, [], None)
+    assert "≈724 sessions per arm would decide (≈720 more session blocks" in step, step
+    assert "≈580" in _inconclusive_step({"cells": cells}, [], None)      # a verdict.json from before the field
+
+
+def test_the_next_step_names_the_gsm8k_cell_without_a_level():
+    """summary.md read "GSM8K accuracy (%) at GSM8K undecided" (fresh-clone review, 2026-12-05)."""
+    from harness.render.answer import ForestRow, _levels_text
+
+    def row(label, where):
+        return ForestRow(metric="m", label=label, where=where, concurrency=None, pooled=False, delta=None, low=None,
+                         high=None, margin=0.0, unit="%", status="INCONCLUSIVE", higher_is_better=True, gap="",
+                         note="")
+
+    text = _levels_text([row("Output throughput (tok/s)", "c=1"), row("Output throughput (tok/s)", "c=4"),
+                         row("GSM8K accuracy (%)", "GSM8K")])
+    assert text == "Output throughput (tok/s) at c=1, c=4; GSM8K accuracy (%)"

@@ -114,6 +114,19 @@ def test_idle_gpus_pass_and_missing_readings_are_said(run4):
     assert any("idle GPUs" in n for n in plain.notes)
 
 
+def test_a_cpu_platform_has_no_gpus_to_check_and_says_nothing_of_them(run4):
+    manifest = json.loads(json.dumps(run4[0]))
+    manifest["platform"] = {**manifest.get("platform", {}), "name": "cpu"}
+    for name in ("baseline", "candidate"):
+        for session in aa.arm(manifest, name)["sessions"]:
+            session["gpus_before"], session["gpu_note"] = None, "nvidia-smi not found: GPU idleness not checked"
+    result = verdict.evaluate(*aa.typed((manifest, run4[1], run4[2])), None, POLICY, diagnostics=False)
+    assert not any("idle GPUs" in n for n in result.notes)
+    manifest["platform"]["name"] = "cuda"
+    result = verdict.evaluate(*aa.typed((manifest, run4[1], run4[2])), None, POLICY, diagnostics=False)
+    assert any("nvidia-smi not found" in n for n in result.notes)
+
+
 def test_before_session_reads_the_arms_gpus_or_says_why_not(tmp_path, monkeypatch):
     from harness.run.gpu_idle import before_session
 

@@ -291,8 +291,11 @@ def busy_gpus(gpus) -> list[str]:
 
 def _check_idle_gpus(manifest: Manifest, report: ValidityReport) -> None:
     """The levels of a session whose GPUs were busy just before its server started are INVALID (another process
-    shared them); sessions without a reading are said in ``not_checked`` once."""
+    shared them); sessions without a reading are said in ``not_checked`` once, except on a CPU platform (no GPUs
+    to check)."""
     unchecked = set()
+    if manifest.platform.name == "cpu":
+        return
     for arm in report.arms.values():
         record = manifest.arm(arm)
         for session in record.sessions if record is not None else ():

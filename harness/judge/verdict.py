@@ -349,19 +349,36 @@ def _sessions_to_pass(se: float, df: float, units: int, limit: float, alpha: flo
     return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=planning.MAX_ADVISED_SESSIONS)
 
 
+def _tested(cells: Sequence[CellResult]) -> list[CellResult]:
+    """The session-replicated primary cells with a measured spread and a PASS level (those a power plan covers)."""
+    return [c for c in cells if c.spread is not None and c.pass_level is not None]
+
+
+def _power_plan(tested: Sequence[CellResult]) -> list[tuple[float, float, float]]:
+    """(per-session spread, |log margin|, PASS level) per cell: the input of :mod:`harness.judge.planning`."""
+    return [(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level) for c in tested]
+
+
+def joint_sessions_needed(cells: Sequence[CellResult]) -> int | None:
+    """Sessions per arm for 90 % probability that every session-replicated primary cell PASSes an unchanged
+    candidate (:func:`harness.judge.planning.sessions_for_joint_power`); None without such cells or beyond the cap.
+    The one figure the verdict's reason and the report's next step both quote."""
+    tested = _tested(cells)
+    return planning.sessions_for_joint_power(_power_plan(tested)) if tested else None
+
+
 def _joint_advice(cells: Sequence[CellResult]) -> str:
     """The run's advice: P(every primary session cell PASSes an unchanged candidate) now and the sessions per arm
-    for 90 % of it (:func:`harness.judge.planning.sessions_for_joint_power`, cap stated); "" without such cells."""
-    tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
+    for 90 % of it (:func:`joint_sessions_needed`, cap stated); "" without such cells."""
+    tested = _tested(cells)
     if not tested:
         return ""
-    plan = [(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level) for c in tested]
     now = min(c.repeats for c in tested)
-    need = planning.sessions_for_joint_power(plan)
+    need = joint_sessions_needed(tested)
     cap = planning.MAX_ADVISED_SESSIONS
     head = (f"P(all {len(tested)} session-replicated primary cells PASS an unchanged candidate) ≈ "
-            f"{100 * planning.joint_pass_probability(plan, now):.0f} % at {now} sessions per arm (spreads at their "
-            f"{100 * planning.ADVICE_CONFIDENCE:g} % upper bounds)")
+            f"{100 * planning.joint_pass_probability(_power_plan(tested), now):.0f} % at {now} sessions per arm "
+            f"(spreads at their {100 * planning.ADVICE_CONFIDENCE:g} % upper bounds)")
     if need is None:
         return f"{head}; more than the {cap}-session cap would be needed for 90 %"
     return f"{head}; ≈{need} sessions per arm for 90 % (cap {cap})"
@@ -444,10 +461,8 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
         advice = _joint_advice(cells)
-        tested = [c for c in cells if c.spread is not None and c.pass_level is not None]
-        need = planning.sessions_for_joint_power([(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level)
-                                                  for c in tested]) if tested else None
-        now = min((c.repeats for c in tested), default=0)
+        need = joint_sessions_needed(cells)
+        now = min((c.repeats for c in _tested(cells)), default=0)
         minutes = (f" (≈{(need - now) * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)"
                    if need is not None and need > now and block_s else "")
         tail = f"; {advice}{minutes}" if advice else "; see each cell's note"
@@ -487,6 +502,8 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     stalls: list[Stall] = field(default_factory=list)
     """Rounds flagged as stalled (:func:`harness.judge.stalls.find_stalls`), each saying whether it was excluded."""
+    sessions_needed: int | None = None
+    """INCONCLUSIVE only: :func:`joint_sessions_needed` of the primary cells (None otherwise or beyond the cap)."""
 
     @property
     def primary(self) -> list[CellResult]:
@@ -537,4 +554,6 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")
     notes += [f"not checked — {n}" for n in validity.not_checked]
-    return Verdict(status, reason, results, validity, policy, notes, flagged)
+    needed = joint_sessions_needed([r for r in results if r.primary and not r.pooled]) \
+        if status == Status.INCONCLUSIVE else None
+    return Verdict(status, reason, results, validity, policy, notes, flagged, needed)

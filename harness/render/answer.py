@@ -161,7 +161,8 @@ def _levels_text(rows: Sequence[ForestRow]) -> str:
     groups: dict[str, list[str]] = {}
     for row in rows:
         groups.setdefault(row.label, []).append(row.where)
-    return "; ".join(f"{label} at {', '.join(wheres)}" for label, wheres in groups.items())
+    return "; ".join(label if wheres == ["GSM8K"] else f"{label} at {', '.join(wheres)}"
+                     for label, wheres in groups.items())
 
 
 def next_step(verdict: Mapping[str, Any] | None, rows: Sequence[ForestRow], designs: Mapping[str, Any] | None,
@@ -203,9 +204,11 @@ def _inconclusive_step(verdict: Mapping[str, Any], rows: Sequence[ForestRow], de
     noise = verdict.get("noise") if isinstance(verdict.get("noise"), Mapping) else {}
     block_s = _number(noise.get("wall_per_block_s"))
     text = f"Next: {_levels_text(open_rows) or 'the primary cells'} undecided"
-    if needed:
-        sessions = max(n for n, _ in needed)
-        more = max(n - have for n, have in needed)
+    decide = _sessions_to_decide(verdict, needed) if needed else None
+    if decide is None and needed:
+        text += "; more sessions per arm than the advice's cap would be needed to decide every cell"
+    elif decide is not None:
+        sessions, more = decide
         text += f"; ≈{sessions} sessions per arm would decide"
         if more > 0 and block_s:
             text += f" (≈{more} more session blocks, ≈{more * block_s / 60:,.0f} more minutes at {block_s:,.0f} s each)"
@@ -213,6 +216,17 @@ def _inconclusive_step(verdict: Mapping[str, Any], rows: Sequence[ForestRow], de
         text += "; the spread is too wide for any affordable number of sessions on this design"
     cheaper = _cheaper_design(designs, _number(noise.get("cost_s")))
     return text + (f"; {cheaper}" if cheaper else "") + "."
+
+
+def _sessions_to_decide(verdict: Mapping[str, Any], needed: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+    """(sessions per arm that would decide, how many more than the run has): the verdict's joint figure
+    (``sessions_needed``, the one its reason quotes; None when it is beyond the advice's cap), else the largest
+    per-cell figure (a ``verdict.json`` written before the field existed). ``needed``: (repeats_needed, repeats) per
+    open cell, not empty."""
+    if "sessions_needed" not in verdict:
+        return max(n for n, _ in needed), max(n - have for n, have in needed)
+    joint = verdict["sessions_needed"]
+    return (joint, joint - min(have for _, have in needed)) if isinstance(joint, int) else None
 
 
 def _cheaper_design(designs: Mapping[str, Any] | None, cost_s: float | None) -> str:

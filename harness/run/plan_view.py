@@ -32,16 +32,17 @@ def _arm_lines(arm: ArmPlan, *, reasons: bool) -> list[str]:
     return lines
 
 
-def _header(plan: Plan, refusal: str | None, design: str | None) -> list[str]:
+def _header(plan: Plan, refusal: str | None, design: str | None, command: str) -> list[str]:
     """The scenario and machine, which machine's study chose the run design (``design``:
-    :func:`harness.render.designs.design_choice`; None: not looked up), refusals and notes."""
+    :func:`harness.render.designs.design_choice`; None: not looked up), refusals (what ``command``, e.g.
+    ``"dsa-bench compare"``, would refuse) and notes."""
     lines = [f"scenario: {plan.scenario.name} on {plan.machine.name} ({plan.machine.device})"]
     if design is not None:
         lines.append(f"run design: {design}")
     if refusal:
-        lines.append(f"note: `dsa-bench compare` would refuse on this machine: {refusal}")
+        lines.append(f"note: `{command}` would refuse on this machine: {refusal}")
     lines += [f"note: {note}" for note in plan.notes]
-    lines += [f"warning: arm {arm.name}: {why} (`dsa-bench compare` refuses this)"
+    lines += [f"warning: arm {arm.name}: {why} (`{command}` refuses this)"
               for arm in plan.arms for why in arm.refusals]
     return lines
 
@@ -90,9 +91,11 @@ def _placement_line(plan: Plan) -> str:
             + (" — swapped every other block" if spec.swap_nodes else ""))
 
 
-def compact(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None) -> str:
-    """Decision + server command per arm, one bench template, the level × round grid and the estimate."""
-    lines = _header(plan, refusal, design)
+def compact(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None,
+            command: str = "dsa-bench compare") -> str:
+    """Decision + server command per arm, one bench template, the level × round grid and the estimate; refusals
+    are what ``command`` would refuse."""
+    lines = _header(plan, refusal, design, command)
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=False)
     lines += [""] + [f"bench {regime.label()} (each arm, each level; --verbose lists them): "
@@ -104,7 +107,7 @@ def compact(plan: Plan, estimate: Estimate, refusal: str | None = None, design: 
 
 def verbose(plan: Plan, estimate: Estimate, refusal: str | None = None, design: str | None = None) -> str:
     """Every reason, and every level's bench command per arm."""
-    lines = _header(plan, refusal, design)
+    lines = _header(plan, refusal, design, "dsa-bench compare")
     for arm in plan.arms:
         lines += _arm_lines(arm, reasons=True)
         for key in plan.levels():

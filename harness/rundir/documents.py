@@ -145,6 +145,7 @@ class VerdictDocument(_Open):
     validity: dict[str, Any] = Field(default_factory=dict)
     notes: tuple[str, ...] = ()
     evaluated: bool = True                      # False: the data could not be read (no figures)
+    sessions_needed: int | None = None          # INCONCLUSIVE: sessions per arm for 90 % joint PASS power
     correctness: tuple[CorrectnessCellDoc, ...] = ()   # token divergence and parity against the A/A envelope
     slo: tuple[dict[str, Any], ...] = ()       # SLO attainment per arm and level (harness.judge.attainment)
     prefix_cache: tuple[dict[str, Any], ...] = ()   # prefix-cache hit rate per arm and level (harness.judge.prefix_cache)
