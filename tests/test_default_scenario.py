@@ -7,19 +7,23 @@ import json
 
 import pytest
 
-from dsa_route.tiny.arith import CHECKPOINT_DIR
+from dsa_route.tiny.arith import CHECKPOINT_DIR, LONG_CHECKPOINT_DIR
 from dsa_route.tiny.arith.task import generate, prompt_text
 from harness.run import parity
 from harness.run.gsm8k_data import AccuracyError, check_data_dir, resolve_data_dir
 from harness.run.models import locate
-from harness.run.scenario import ScenarioError, load_scenario
+from harness.run.scenario import ParitySpec, ScenarioError, load_scenario
 
 
-def test_the_default_serves_the_committed_arith_checkpoint():
+def test_the_default_serves_the_committed_long_context_fine_tune():
     scenario = load_scenario("cpu-tiny-dsa")
     location = locate(scenario)
-    assert location.path == str(CHECKPOINT_DIR) and location.tokenizer == str(CHECKPOINT_DIR)
-    config = json.loads((CHECKPOINT_DIR / "config.json").read_text())
+    assert location.path == str(LONG_CHECKPOINT_DIR) and location.tokenizer == str(LONG_CHECKPOINT_DIR)
+    config = json.loads((LONG_CHECKPOINT_DIR / "config.json").read_text())
+    assert config == json.loads((CHECKPOINT_DIR / "config.json").read_text())     # a fine-tune: the same shapes
+    assert (LONG_CHECKPOINT_DIR / "tokenizer.json").read_bytes() == (CHECKPOINT_DIR / "tokenizer.json").read_bytes()
+    train = json.loads((LONG_CHECKPOINT_DIR / "train.json").read_text())
+    assert train["args"]["init"] == "dsa_route/tiny/arith/checkpoint" and train["progress"] == 1.0
     assert config["architectures"] == [scenario.model.architecture]
     assert scenario.model.max_model_len <= config["max_position_embeddings"]
     assert scenario.accuracy.task == "tiny-arith" and scenario.accuracy.num_fewshot == 0
@@ -37,18 +41,21 @@ def _index_topk() -> int:
 
 
 def test_task_prompts_fit_the_default_max_model_len():
-    """Every test and parity prompt, plus lm-eval's 256 new tokens, fits max_model_len on the checkpoint's tokenizer."""
+    """Every test prompt plus lm-eval's 256 new tokens, and every parity prompt plus its ``max_tokens``, fits
+    max_model_len on the checkpoint's tokenizer."""
     from tokenizers import Tokenizer
 
     from harness.run.accuracy import MAX_GEN_TOKS
 
     scenario = load_scenario("cpu-tiny-dsa")
     tokenizer = Tokenizer.from_file(str(CHECKPOINT_DIR / "tokenizer.json"))
-    prompts = [prompt_text(p.question) for p in generate(scenario.accuracy.limit, 1)]
-    prompts += parity.prompts_of("tiny-arith", scenario.parity.n)
-    longest = max(len(tokenizer.encode(text).ids) for text in prompts)
-    assert _index_topk() < longest
-    assert longest + max(MAX_GEN_TOKS, scenario.parity.max_tokens) <= scenario.model.max_model_len
+
+    def longest(prompts):
+        return max(len(tokenizer.encode(text).ids) for text in prompts)
+
+    tests = longest(prompt_text(p.question) for p in generate(scenario.accuracy.limit, 1))
+    assert _index_topk() < tests and tests + MAX_GEN_TOKS <= scenario.model.max_model_len
+    assert longest(parity.prompts_of(scenario.parity)) + scenario.parity.max_tokens <= scenario.model.max_model_len
 
 
 def test_tiny_arith_data_dir_is_generated_seeded_and_reused(tmp_path, monkeypatch):
@@ -95,16 +102,34 @@ def test_tiny_arith_without_a_limit_is_refused():
 def test_parity_prompts_come_from_the_task_and_stop_at_eos(tmp_path):
     from test_parity import _FakeVllm
 
-    prompts = parity.prompts_of("tiny-arith", 4)
+    spec = ParitySpec(prompts="tiny-arith", n=4, max_tokens=8, ignore_eos=False)
+    prompts = parity.prompts_of(spec)
     assert prompts == [prompt_text(p.question) for p in generate(4, parity.PARITY_TASK_SEED)]
     assert not set(prompts) & {prompt_text(p.question) for p in generate(128, 1)}   # not the test split
     fake = _FakeVllm()
     try:
-        parity.run_arm(tmp_path, "baseline", fake.base_url, "tiny", n=4, max_tokens=8, prompts="tiny-arith",
-                       ignore_eos=False)
+        parity.run_arm(tmp_path, "baseline", fake.base_url, "tiny", spec)
     finally:
         fake.close()
     assert sorted(body["prompt"] for body in fake.bodies) == sorted(prompts)
     assert all(body["ignore_eos"] is False for body in fake.bodies)
     stored = json.loads(parity.arm_path(tmp_path, "baseline").read_text())
     assert stored["settings"]["prompts"] == "tiny-arith" and stored["settings"]["ignore_eos"] is False
+
+
+def test_long_parity_prompts_follow_the_short_ones_several_times_index_topk_long():
+    """``[parity] long_n``: long problems of the same task (issue #23 item 4), after the ``n`` short ones; the
+    default's long prompts are ≥ 4 × index_topk and, with their answer budget, fit max_model_len and one prefill."""
+    from tokenizers import Tokenizer
+
+    scenario = load_scenario("cpu-tiny-dsa")
+    spec = scenario.parity
+    assert spec.long_n > 0
+    prompts = parity.prompts_of(spec)
+    assert len(prompts) == spec.total and prompts[:spec.n] == parity.task_prompts(spec.n)
+    tokenizer = Tokenizer.from_file(str(CHECKPOINT_DIR / "tokenizer.json"))
+    long_lengths = [len(tokenizer.encode(text).ids) for text in prompts[spec.n:]]
+    assert min(long_lengths) >= 4 * _index_topk()
+    assert max(long_lengths) + spec.max_tokens <= min(scenario.model.max_model_len, scenario.serve.max_num_batched_tokens)
+    with pytest.raises(ValueError, match="parity.long_n needs prompts"):
+        ParitySpec(prompts="generic", long_n=4)

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from harness.run import parity
+from harness.run.scenario import ParitySpec
 
 
 def _row(index, ids, logprobs=None, tops=None, prompt=None):
@@ -148,8 +149,9 @@ class _FakeVllm:
 def test_collect_sends_greedy_logprob_requests_and_files_round_trip(tmp_path):
     fake = _FakeVllm()
     try:
-        parity.run_arm(tmp_path, "baseline", fake.base_url, "tiny", n=3, max_tokens=8)
-        parity.run_arm(tmp_path, "candidate", fake.base_url, "tiny", n=3, max_tokens=8)
+        spec = ParitySpec(n=3, max_tokens=8)
+        parity.run_arm(tmp_path, "baseline", fake.base_url, "tiny", spec)
+        parity.run_arm(tmp_path, "candidate", fake.base_url, "tiny", spec)
         one_by_one = parity.collect(fake.base_url, "tiny", parity.fixed_prompts(3), 8, concurrency=1)
     finally:
         fake.close()

@@ -31,8 +31,7 @@ def collect_parity(run_dir: Path, arm: str, server, spec: ParitySpec, console: C
         return 0.0
     started = time.monotonic()
     try:
-        parity.run_arm(run_dir, arm, server.base_url, server.served_model_name, server.headers, n=spec.n,
-                       max_tokens=spec.max_tokens, prompts=spec.prompts, ignore_eos=spec.ignore_eos)
+        parity.run_arm(run_dir, arm, server.base_url, server.served_model_name, spec, server.headers)
     except (requests.RequestException, ValueError) as error:
         console.print(f"[yellow]{arm}: parity prompts failed ({escape(str(error))}); the report will say so[/]")
     return time.monotonic() - started
@@ -56,13 +55,13 @@ def collect_scoring(run_dir: Path, arm: str, session: int, server, spec: ParityS
     started = time.monotonic()
     try:
         sequences = scoring.sequences_of(base)
-        prompts = parity.prompts_of(spec.prompts, spec.n)
+        prompts = parity.prompts_of(spec)
         for label in todo:
             one = label.endswith("-one")
             if label != "candidate" and label != "baseline":
                 rows = parity.collect(server.base_url, server.served_model_name, prompts, spec.max_tokens,
                                       server.headers, concurrency=1 if one else None, ignore_eos=spec.ignore_eos)
-                parity.save_arm(run_dir, label, rows, {"concurrency": 1 if one else spec.n})
+                parity.save_arm(run_dir, label, rows, {"concurrency": 1 if one else spec.total})
             rows = scoring.score(server.base_url, server.served_model_name, sequences, concurrency=1 if one else None,
                                  headers=server.headers)
             scoring.save(run_dir, label, rows, {"top_k": scoring.DEFAULT_TOP_K, "concurrency": 1 if one else len(rows),

@@ -12,7 +12,7 @@ The model, per part (each with the low and the high end of a stated throughput p
   set by a pilot at run time, harness.run.pilot), and the pilot adds one level per concurrency on one arm at the
   scenario's counts;
   under ``serve.duet`` both arms' levels run at the same time, so the arms' level time is one arm's;
-- output parity: per arm (its first session; harness.run.runner collects it once), ``parity.n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
+- output parity: per arm (its first session; harness.run.runner collects it once), ``parity.n + parity.long_n`` greedy requests of ``parity.max_tokens`` tokens, all sent at once
   (harness.run.parity.collect), so ``ceil(n / saturation)`` waves;
 - GSM8K: per arm, ``limit`` (None: the 1319-question test set, lm-eval task ``gsm8k``) questions of a
   ``GSM8K_PROMPT_TOKENS`` few-shot prompt and ``GSM8K_OUTPUT_TOKENS`` generated tokens (lm-eval's ``max_gen_toks``
@@ -158,7 +158,7 @@ def estimate(plan: Plan, prior: Prior | None = None) -> Estimate:
         return {"server starts": start_ups(plan) * prior.server_start_s[1 - end],
                 "load levels": _levels_s(plan, prior, end),
                 "pilot": _pilot_s(plan, prior, end),
-                "parity": len(plan.arms) * math.ceil(plan.scenario.parity.n / prior.saturation)
+                "parity": len(plan.arms) * math.ceil(plan.scenario.parity.total / prior.saturation)
                 * _request_s(0, plan.scenario.parity.max_tokens, prior, end),
                 "GSM8K": _gsm8k_s(plan, prior, end)}
 

@@ -1,7 +1,8 @@
 """Output parity between the arms: the same fixed prompts, greedy, to each arm's server; compare the token ids.
 
 Before the load sweep each arm gets the scenario's ``[parity]`` prompts (:func:`prompts_of`: :func:`fixed_prompts`,
-or the arithmetic task's own 0-shot prompts, :func:`task_prompts`; default 16, all sent at once unless
+or the arithmetic task's own 0-shot prompts, :func:`task_prompts`, short and optionally long; default 16, all sent at
+once unless
 ``concurrency`` says otherwise; see :func:`collect`), ``max_tokens`` 64, temperature 0, ``ignore_eos`` by default
 (every prompt yields exactly ``max_tokens`` tokens; off, a request stops at the model's end of sequence),
 ``logprobs`` 2 (the sampled token's logprob plus the top 2), ``return_token_ids`` and
@@ -29,6 +30,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from harness.run.scenario import ParitySpec
 from harness.rundir import schema
 from harness.rundir import store as records
 from harness.rundir.store import RunDir
@@ -70,24 +72,23 @@ PARITY_TASK_SEED = 2
 """Seed of the ``tiny-arith`` parity problems: a stream neither the test split (1) nor the training stream (0)."""
 
 
-def task_prompts(n: int = 16, seed: int = PARITY_TASK_SEED) -> list[str]:
+def task_prompts(n: int = 16, seed: int = PARITY_TASK_SEED, distractors: tuple[int, int] = (4, 8)) -> list[str]:
     """``n`` 0-shot prompts of the arithmetic task (:mod:`dsa_route.tiny.arith.task`), exactly as lm-eval's ``gsm8k``
-    prompts them (``"Question: …\nAnswer:"``): what the trained ``tiny-deepseek-v32-arith`` model answers."""
+    prompts them (``"Question: …\nAnswer:"``): what the trained ``tiny-deepseek-v32-arith`` model answers.
+    ``distractors``: (min, max) distractor sentences per problem (4–8: the task's own; more: longer prompts)."""
     from dsa_route.tiny.arith.task import generate, prompt_text
 
-    return [prompt_text(problem.question) for problem in generate(n, seed)]
+    low, high = distractors
+    return [prompt_text(problem.question)
+            for problem in generate(n, seed, min_distractors=low, max_distractors=high)]
 
 
-def prompts_of(kind: str, n: int) -> list[str]:
-    """The parity prompts of a scenario's ``parity.prompts`` (``generic`` or ``tiny-arith``).
-
-    Raises:
-        ValueError: an unknown kind."""
-    if kind == "generic":
-        return fixed_prompts(n)
-    if kind == "tiny-arith":
-        return task_prompts(n)
-    raise ValueError(f"parity.prompts: expected generic or tiny-arith, got {kind!r}")
+def prompts_of(spec: ParitySpec) -> list[str]:
+    """The parity prompts of a scenario's ``[parity]``: ``n`` of ``prompts`` (``generic`` or ``tiny-arith``), then
+    ``long_n`` long ``tiny-arith`` ones (``long_distractors``). Prompt ``i ≥ n`` is long."""
+    if spec.prompts == "generic":
+        return fixed_prompts(spec.n)
+    return task_prompts(spec.n) + (task_prompts(spec.long_n, distractors=spec.long_distractors) if spec.long_n else [])
 
 
 def _token_id(key: str) -> int:
@@ -299,19 +300,22 @@ def load_comparison(run_dir: Path) -> dict[str, Any] | None:
     return RunDir(run_dir).read_json(schema.PARITY, "re-run the parity check")
 
 
-def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, headers: Mapping[str, str] | None = None,
-            n: int = 16, max_tokens: int = 64, timeout_s: float = 300.0,
-            concurrency: int | None = None, prompts: str = "generic", ignore_eos: bool = True) -> Path:
-    """:func:`collect` the ``n`` prompts of kind ``prompts`` (:func:`prompts_of`) from one arm's running server and
-    :func:`save_arm` them (the runner's one call per arm, before the sweep). Returns the written path.
+def run_arm(run_dir: Path, arm: str, base_url: str, served_model_name: str, spec: ParitySpec,
+            headers: Mapping[str, str] | None = None, timeout_s: float = 300.0,
+            concurrency: int | None = None) -> Path:
+    """:func:`collect` the prompts of ``spec`` (:func:`prompts_of`) from one arm's running server and :func:`save_arm`
+    them (the runner's one call per arm, before the sweep). Returns the written path.
 
     Raises:
         requests.RequestException, ValueError: as :func:`collect`.
     """
-    rows = collect(base_url, served_model_name, prompts_of(prompts, n), max_tokens, headers, timeout_s, concurrency,
-                   ignore_eos)
-    return save_arm(run_dir, arm, rows, {"prompts": prompts, "n": n, "max_tokens": max_tokens, "temperature": 0.0,
-                                         "ignore_eos": ignore_eos, "logprobs": 2, "concurrency": concurrency or n})
+    rows = collect(base_url, served_model_name, prompts_of(spec), spec.max_tokens, headers, timeout_s, concurrency,
+                   spec.ignore_eos)
+    return save_arm(run_dir, arm, rows, {"prompts": spec.prompts, "n": spec.n, "long_n": spec.long_n,
+                                         "long_distractors": list(spec.long_distractors),
+                                         "max_tokens": spec.max_tokens, "temperature": 0.0,
+                                         "ignore_eos": spec.ignore_eos, "logprobs": 2,
+                                         "concurrency": concurrency or spec.total})
 
 
 def compare_run_dir(run_dir: Path, arms: tuple[str, str] = ("baseline", "candidate"),

@@ -147,10 +147,15 @@ sentences), ``tiny-arith`` 0-shot prompts of the arithmetic task (seed 2: neithe
 
 class ParitySpec(_Frozen):
     """Output parity: ``n`` greedy prompts of ``prompts`` (:data:`PARITY_PROMPTS`), ``max_tokens`` each;
-    ``ignore_eos`` false stops a request at the model's end-of-sequence (the answer is the unit compared)."""
+    ``ignore_eos`` false stops a request at the model's end-of-sequence (the answer is the unit compared).
+    ``tiny-arith`` only: ``long_n`` more prompts of the same task with ``long_distractors`` (min, max) distractor
+    sentences each, several times ``index_topk`` long, where what the indexer selects far back decides the answer
+    (they follow the ``n`` short ones; every cell pools all ``n + long_n``)."""
 
     prompts: Annotated[str, AfterValidator(_one_of("parity.prompts", PARITY_PROMPTS))] = "generic"
     n: int = Field(default=16, gt=0)
+    long_n: int = Field(default=0, ge=0)
+    long_distractors: tuple[int, int] = (16, 24)
     max_tokens: int = Field(default=64, gt=0)
     ignore_eos: bool = True
     gated: bool = True
@@ -162,6 +167,21 @@ class ParitySpec(_Frozen):
     whatever their creation order — but the logits are then ≈ 0 (log p ≈ −ln V, a flat distribution a defect barely
     moves), and integer tensors (NVFP4/GPTQ packed weights) are left uninitialised ``torch.empty`` except on ROCm
     (:1557-1563), so they differ between the arms' processes. Token cells on dummy weights would check nothing."""
+
+    @model_validator(mode="after")
+    def _long_prompts(self) -> "ParitySpec":
+        if self.long_n and self.prompts != "tiny-arith":
+            raise ValueError("parity.long_n needs prompts = \"tiny-arith\" (the generic prompts have no long form); "
+                             "drop long_n or set prompts = \"tiny-arith\"")
+        low, high = self.long_distractors
+        if not 0 <= low <= high:
+            raise ValueError(f"parity.long_distractors: need 0 <= min <= max, got {list(self.long_distractors)}")
+        return self
+
+    @property
+    def total(self) -> int:
+        """Prompts per collection: ``n`` short + ``long_n`` long."""
+        return self.n + self.long_n
 
 
 def gates_tokens(load_format: str, gated: bool) -> bool:
