@@ -322,3 +322,29 @@ def test_a_resumed_duet_measures_a_half_done_step_again_with_both_arms(tmp_path,
     assert [arm.levels[key].status for arm in resumed.arms] == ["pending", "pending"]
     others = [k for k in resumed.arms[0].levels if k != key]
     assert all(arm.levels[k].status == "done" for arm in resumed.arms for k in others)
+
+
+def test_an_interrupt_during_a_joint_start_stops_the_servers_instead_of_waiting_for_them(monkeypatch):
+    """A SIGTERM that reached dsa-bench while both servers of a block were starting waited until both were ready
+    (minutes on a loaded host): the executor joined its threads first. Now every child is stopped, the start still
+    in flight sees its server exit, and the interrupt goes on at once."""
+    import threading
+    import time
+
+    from harness.run import procs, server_sessions
+    from harness.run.procs import Interrupted
+
+    stopped = threading.Event()
+    monkeypatch.setattr(procs, "stop_all", lambda grace_s=20.0: stopped.set())
+
+    def start(arm):
+        if arm == "interrupted":
+            raise Interrupted("received signal 15")
+        if not stopped.wait(timeout=30):        # a server polling /health until its process exits
+            raise AssertionError("the server was never stopped")
+        return "server exited before it was ready"
+
+    began = time.monotonic()
+    with pytest.raises(Interrupted):
+        server_sessions._start_all(start, ["slow", "interrupted"])
+    assert stopped.is_set() and time.monotonic() - began < 10

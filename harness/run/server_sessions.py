@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from rich.markup import escape
 
 from dsa_route.inject import ENV_INJECT
-from harness.run import attest, builds, cluster as cluster_info, gpu_idle
+from harness.run import attest, builds, cluster as cluster_info, gpu_idle, procs
 from harness.run.placement import Slot, slot_for, start_together
 from harness.run.plan import ArmPlan, multi_node
 from harness.run.server import RemoteServer, ServerError, VllmServer, free_port
@@ -187,8 +187,7 @@ class ServerSessions:
         if self._start_together(arms, block):
             started, before = time.monotonic(), self.timing["server_start_s"]
             self.console.print(f"starting {', '.join(arm.name for arm in arms)} together")
-            with ThreadPoolExecutor(max_workers=len(arms)) as pool:
-                outcomes = list(pool.map(lambda arm: self._try_start(arm, block), arms))
+            outcomes = _start_all(lambda arm: self._try_start(arm, block), arms)
             self.timing["server_start_s"] = before + time.monotonic() - started
         else:
             outcomes = [self._try_start(arm, block) for arm in arms]
@@ -212,3 +211,24 @@ class ServerSessions:
             return self._start_server(arm, block)
         except ServerError as error:
             return error
+
+
+def _start_all(start, arms: list[ArmPlan]) -> list:
+    """``start(arm)`` for every arm at the same time, in arm order. A SIGTERM or Ctrl-C while they run stops every
+    child process (:func:`procs.stop_all`) until the starts in flight have ended — each then sees its server exit —
+    and re-raises: the run ends at once instead of waiting out the servers' ready timeout."""
+    pool = ThreadPoolExecutor(max_workers=len(arms))
+    futures = [pool.submit(start, arm) for arm in arms]
+    try:
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((future for future in futures if future.done() and future.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        return [future.result() for future in futures]
+    except BaseException:
+        while not all(future.done() for future in futures):   # a start may spawn its server after a stop_all
+            procs.stop_all(grace_s=5.0)
+            wait(futures, timeout=1.0)
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
