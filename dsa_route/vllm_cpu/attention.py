@@ -16,8 +16,9 @@ For a step, each request's rows ``[0, seq_len_r)`` form one flat key array (requ
 :func:`flat_slots`); query token ``i`` of request ``r`` may see ``[o_r, o_r + pos_i + 1)``. That single rule covers
 prefill with a cached prefix (prefix caching, chunked prefill), decode, mixed batches and multi-token MTP verification,
 and it is exactly the reference's ``key_start``/``key_end`` contract (:func:`dsa_route.dsa.indexer_logits`). The
-indexer scores all visible rows (its 132-byte keys are gathered); sparse MLA reads only the ``index_topk`` selected
-latent rows, by slot.
+indexer scores all visible rows (its 132-byte keys are gathered), one request at a time (:func:`request_logits`: the
+flat batch-wide matrix grew with the square of the batch); sparse MLA reads only the ``index_topk`` selected latent
+rows, by slot.
 """
 
 from __future__ import annotations
@@ -269,6 +270,33 @@ def step_keys(meta: DsaCpuMetadata, positions: torch.Tensor) -> StepKeys:
     return StepKeys(key_start=start, key_end=start + pos + 1, rows=int(seq_lens.sum()))
 
 
+def request_logits(q: torch.Tensor, index_keys: torch.Tensor, weights: torch.Tensor, key_start: torch.Tensor,
+                   key_end: torch.Tensor) -> torch.Tensor:
+    """Index scores of each query over its own request's keys only.
+
+    Args:
+        q: ``[n, H, I]`` index query heads; weights ``[n, H]``; index_keys ``[T, I]``, the batch's requests' keys
+            back to back; key_start / key_end ``[n]`` int, each query's visible flat range ``[start, end)``.
+
+    Returns:
+        ``[n, W]`` fp32, ``W`` the widest visible range: column ``j`` of row ``s`` is flat key ``key_start[s] + j``
+        (:func:`dsa_route.dsa.indexer.indexer_logits` of the request's keys), ``-inf`` beyond ``key_end``. One call
+        per request costs Σ_r S_r·L_r rather than the flat ``[n, T]`` matrix's n·T (quadratic in the batch: 64
+        requests of 300 keys made each decode step score 19,200 keys per query), and a query's scores no longer
+        depend on which other requests share its batch. Column ``j`` is what the reference model's ``[S, T]`` of the
+        same sequence has at ``j``, so the selection rules (ties to the lower index, defects' padding) mean the same.
+    """
+    width = int((key_end - key_start).max()) if key_end.numel() else 0
+    out = torch.full((q.shape[0], max(width, 1)), float("-inf"), dtype=torch.float32, device=q.device)
+    for start in torch.unique(key_start).tolist():
+        rows = (key_start == start).nonzero().squeeze(1)
+        end = int(key_end[rows].max())
+        if end > start:
+            out[rows, :end - start] = indexer_logits(q[rows], index_keys[start:end], weights[rows],
+                                                     key_end[rows] - start)
+    return out
+
+
 def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                         sin: torch.Tensor) -> torch.Tensor:
     """One DSA attention layer on a flat vLLM batch: the reference ``DsaAttention.forward`` with keys in vLLM pages.
@@ -312,8 +340,9 @@ def paged_dsa_attention(attn: DsaAttention, x: torch.Tensor, positions: torch.Te
         index_keys = attn.index_cache.gather_keys(imeta.block_table, imeta.seq_lens)  # [T, I]
         newest = torch.cumsum(imeta.seq_lens.long(), 0) - 1  # [R] each request's newest row of the flat key array
         index_keys, key_end = attn.defect.index_keys(index_keys, keys.key_end, keys.key_start, newest)
-        logits = indexer_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], key_end, keys.key_start)
-        indices = attn.defect.select(logits, attn.index_topk)  # [n, K] into the flat keys
+        logits = request_logits(idx.q[0, :n], index_keys, idx.weights[0, :n], keys.key_start, key_end)  # [n, W]
+        local = attn.defect.select(logits, attn.index_topk)  # [n, K] into each query's own request's keys
+        indices = torch.where(local >= 0, local + keys.key_start[:, None].to(local.dtype), -1)  # into the flat keys
     elif getattr(attn, "topk_source", None) is not None and attn.topk_source.last_topk is not None:
         indices = attn.topk_source.last_topk
     else:
