@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from harness.run import text_prompts
+from harness.run import parity, text_prompts
 from harness.run.gsm8k_data import AccuracyError
 from harness.run.scenario import REPO_ROOT, apply_overrides, find_scenario, load_scenario
 
@@ -118,13 +118,16 @@ def build_plan(request: CompareRequest, *, to_run: bool):
             text_prompts.check_text_data(scenario)
         except AccuracyError as error:
             raise UsageError(str(error)) from None
+        too_long = parity.length_error(scenario.parity, locate(scenario).tokenizer, scenario.model.max_model_len)
+        if too_long:
+            raise UsageError(too_long)
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
         if refusals:
             raise PlanError("; ".join(refusals))
         return plan, None
     try:
         check_machine(scenario, host)
-        refusal = None
+        refusal = parity.length_error(scenario.parity, locate(scenario).tokenizer, scenario.model.max_model_len)
     except PlanError as error:
         refusal = str(error)
     planned = plan_of(scenario, planning_machine(scenario, host), locate(scenario), auto_choice)

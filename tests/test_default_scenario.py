@@ -4,6 +4,7 @@ task data generated at run time, its parity prompts taken from the task; the kno
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,20 @@ def test_long_parity_prompts_follow_the_short_ones_several_times_index_topk_long
     assert max(long_lengths) + spec.max_tokens <= min(scenario.model.max_model_len, scenario.serve.max_num_batched_tokens)
     with pytest.raises(ValueError, match="parity.long_n needs prompts"):
         ParitySpec(prompts="generic", long_n=4)
+
+
+def test_parity_prompts_past_max_model_len_are_refused_before_anything_starts(tmp_path, capsys):
+    """The fresh-clone review of 2026-12-05: ``long_distractors = [200, 300]`` made 1,268–1,867-token prompts against
+    max_model_len 512; the plan said nothing, the run started both servers and its correctness cells went INVALID."""
+    from harness.cli import main
+
+    scenario = load_scenario("cpu-tiny-dsa")
+    assert parity.length_error(scenario.parity, str(LONG_CHECKPOINT_DIR), scenario.model.max_model_len) is None
+    path = tmp_path / "huge.toml"
+    path.write_text(f'include = "{Path(__file__).resolve().parents[1] / "scenarios" / "cpu-tiny-dsa.toml"}"\n'
+                    'name = "huge"\n\n[parity]\nprompts = "tiny-arith"\nn = 4\nlong_n = 4\n'
+                    'long_distractors = [200, 300]\nmax_tokens = 96\nignore_eos = false\n')
+    assert main(["compare", "--scenario", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "exceeds model.max_model_len 512" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()

@@ -225,8 +225,12 @@ def _sessions_to_decide(verdict: Mapping[str, Any], needed: Sequence[tuple[int, 
     open cell, not empty."""
     if "sessions_needed" not in verdict:
         return max(n for n, _ in needed), max(n - have for n, have in needed)
-    joint = verdict["sessions_needed"]
-    return (joint, joint - min(have for _, have in needed)) if isinstance(joint, int) else None
+    joint, have = verdict["sessions_needed"], min(have for _, have in needed)
+    if isinstance(joint, int):
+        return joint, joint - have
+    if have < 2:          # one session measures no spread, so no joint figure exists: the cells' recommendation
+        return max(n for n, _ in needed), max(n - had for n, had in needed)
+    return None
 
 
 def _cheaper_design(designs: Mapping[str, Any] | None, cost_s: float | None) -> str:

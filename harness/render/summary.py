@@ -50,7 +50,7 @@ def render(view: VerdictView) -> str:
     others = [c for c in document.cells if c.metric not in shown]
     if others:
         lines.append("Other primary cells: " + "; ".join(
-            f"{c.label} {c.where} {delta_text(c)} {status_text(c.result)}" for c in others))
+            f"{_name(c)} {delta_text(c)} {status_text(c.result)}" for c in others))
         lines.append("")
     lines += _details(view)
     return "\n".join(lines) + "\n"
@@ -195,6 +195,11 @@ def _correctness_lines(cells) -> list[str]:
     return lines + [""] if lines else []
 
 
+def _name(cell) -> str:
+    """``"Output throughput c=4"``; the GSM8K cell, which has no level, by its label alone."""
+    return cell.label if cell.where == "GSM8K" else f"{cell.label} {cell.where}"
+
+
 def _details(view: VerdictView) -> list[str]:
     document = view.document
     primary = document.cells
@@ -212,8 +217,8 @@ def _details(view: VerdictView) -> list[str]:
              "PASS: the interval clears the margin; FAIL: it lies wholly beyond it; INCONCLUSIVE: neither; "
              "INVALID: a validity check failed or data is missing.", "",
              f"Policy ({document.policy_source}): {document.policy}.", "", "</details>", ""]
-    problems = [f"{c.label} {c.where}: {c.note}" for c in primary if c.result == "INVALID"]
-    needs = [f"{c.label} {c.where}: {c.note}" for c in primary if c.result == "INCONCLUSIVE"]
+    problems = [f"{_name(c)}: {c.note}" for c in primary if c.result == "INVALID"]
+    needs = [f"{_name(c)}: {c.note}" for c in primary if c.result == "INCONCLUSIVE"]
     for title, items in (("INVALID cells", problems), ("INCONCLUSIVE cells", needs), ("Notes", list(document.notes))):
         if items:
             lines += [f"<details><summary>{title} ({len(items)})</summary>", ""]

@@ -78,7 +78,8 @@ def _table(title: str, cells, notes: dict[str, list[str]]):
         metric = METRICS.get(cell.metric)
         mark = ""
         if cell.note:
-            notes.setdefault(cell.note, []).append(f"{metric.abbrev if metric else cell.metric} {cell.where}")
+            name = metric.abbrev if metric else cell.metric
+            notes.setdefault(cell.note, []).append(name if cell.where == "GSM8K" else f"{name} {cell.where}")
             mark = f" ({list(notes).index(cell.note) + 1})"
         verdict = f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}"
         concurrency = "" if cell.concurrency is None else str(cell.concurrency)

@@ -91,6 +91,24 @@ def prompts_of(spec: ParitySpec) -> list[str]:
     return task_prompts(spec.n) + (task_prompts(spec.long_n, distractors=spec.long_distractors) if spec.long_n else [])
 
 
+def length_error(spec: ParitySpec, tokenizer: str, max_model_len: int) -> str | None:
+    """One line when the longest parity prompt plus ``spec.max_tokens`` exceeds ``max_model_len`` (vLLM answers such a
+    request with 400 and every correctness cell goes INVALID); None when it fits or ``tokenizer`` (a model directory)
+    has no local ``tokenizer.json`` (a Hugging Face id: the fixed generic prompts are ≈ 30 tokens)."""
+    path = Path(tokenizer) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    encoder = Tokenizer.from_file(str(path))
+    longest = max(len(encoder.encode(text).ids) for text in prompts_of(spec))
+    if longest + spec.max_tokens <= max_model_len:
+        return None
+    return (f"the longest parity prompt ({longest} tokens) + parity.max_tokens {spec.max_tokens} exceeds "
+            f"model.max_model_len {max_model_len}; lower parity.long_distractors or parity.max_tokens, or raise "
+            "model.max_model_len")
+
+
 def _token_id(key: str) -> int:
     """``"token_id:123"`` → 123 (``return_tokens_as_token_ids`` format)."""
     return int(str(key).rsplit(":", 1)[-1])
