@@ -41,7 +41,7 @@ def test_the_gate_fails_the_accuracy_cell(run):
 def test_parity_drops_below_half_and_the_run_names_task_and_injection(run):
     _, run_dir = run
     parity = json.loads((run_dir / schema.PARITY).read_text())
-    assert parity["prompts_total"] == 32 and parity["exact_match_rate_pct"] < 50
+    assert parity["prompts_total"] == 64 and parity["exact_match_rate_pct"] < 50     # 32 short + 32 long prompts
     arms = {arm["name"]: arm for arm in json.loads((run_dir / schema.MANIFEST).read_text())["arms"]}
     assert arms["candidate"]["injection"]["kind"] == "topk-random" and arms["baseline"]["injection"] is None
     summary = json.loads((run_dir / schema.ACCURACY_SUMMARY).read_text())

@@ -51,8 +51,9 @@ class ServerSessions:
 
     def _start_server(self, arm: ArmPlan, block: int, tries: int = 3) -> VllmServer:
         """Start the arm's server for session block ``block`` on its slot there. A port found free can be taken by
-        another process before vLLM binds it (tens of seconds later on a loaded host): on "Address already in use" a
-        local server starts again on a new port, ``tries`` times."""
+        another process before vLLM binds it (tens of seconds later on a loaded host), or by the other arm's server
+        starting at the same time: on "Address already in use" (vLLM's bind) or "is already in use" (the check before
+        the spawn) a local server starts again on a new port, ``tries`` times."""
         slot = slot_for(block, arm.name, self.slots, self.plan.scenario.cluster.swap_nodes)
         env, log_path = {**self._server_env(arm), **slot.env()}, self.store.log_path(f"{arm.name}-server.log")
         gpus = gpu_idle.before_session(env)
@@ -67,7 +68,8 @@ class ServerSessions:
         try:
             ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
         except ServerError as error:
-            if self.cluster is None and tries > 1 and "Address already in use" in str(error):
+            if self.cluster is None and tries > 1 and ("Address already in use" in str(error)
+                                                       or "is already in use" in str(error)):
                 self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
                 return self._start_server(arm, block, tries - 1)
             raise
