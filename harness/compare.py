@@ -112,25 +112,27 @@ def build_plan(request: CompareRequest, *, to_run: bool):
         check_machine(scenario, host)
         if scenario.cluster.backend == "ray" and importlib.util.find_spec("ray") is None:
             raise UsageError('cluster.backend = "ray" needs Ray: pip install -e ".[ray]" (ray==2.60.0) on every node')
-        plan = replace(plan_of(scenario, host, locate(scenario), auto_choice), scenario_file=source)
+        location = locate(scenario)
+        plan = replace(plan_of(scenario, host, location, auto_choice), scenario_file=source)
         builds.require(plan.arms)
         try:
             text_prompts.check_text_data(scenario)
         except AccuracyError as error:
             raise UsageError(str(error)) from None
-        too_long = parity.length_error(scenario.parity, locate(scenario).tokenizer, scenario.model.max_model_len)
+        too_long = parity.length_error(scenario.parity, location.tokenizer, scenario.model.max_model_len)
         if too_long:
             raise UsageError(too_long)
         refusals = [f"arm {arm.name}: {why}" for arm in plan.arms for why in arm.refusals]
         if refusals:
             raise PlanError("; ".join(refusals))
         return plan, None
+    location = locate(scenario)
     try:
         check_machine(scenario, host)
-        refusal = parity.length_error(scenario.parity, locate(scenario).tokenizer, scenario.model.max_model_len)
+        refusal = parity.length_error(scenario.parity, location.tokenizer, scenario.model.max_model_len)
     except PlanError as error:
         refusal = str(error)
-    planned = plan_of(scenario, planning_machine(scenario, host), locate(scenario), auto_choice)
+    planned = plan_of(scenario, planning_machine(scenario, host), location, auto_choice)
     return replace(planned, scenario_file=source), refusal
 
 

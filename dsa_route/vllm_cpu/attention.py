@@ -276,7 +276,8 @@ def request_logits(q: torch.Tensor, index_keys: torch.Tensor, weights: torch.Ten
 
     Args:
         q: ``[n, H, I]`` index query heads; weights ``[n, H]``; index_keys ``[T, I]``, the batch's requests' keys
-            back to back; key_start / key_end ``[n]`` int, each query's visible flat range ``[start, end)``.
+            back to back; key_start / key_end ``[n]`` int, each query's visible flat range ``[start, end)``, a
+            request's queries adjacent (vLLM's flat batch order, :func:`step_keys`).
 
     Returns:
         ``[n, W]`` fp32, ``W`` the widest visible range: column ``j`` of row ``s`` is flat key ``key_start[s] + j``
@@ -288,8 +289,11 @@ def request_logits(q: torch.Tensor, index_keys: torch.Tensor, weights: torch.Ten
     """
     width = int((key_end - key_start).max()) if key_end.numel() else 0
     out = torch.full((q.shape[0], max(width, 1)), float("-inf"), dtype=torch.float32, device=q.device)
-    for start in torch.unique(key_start).tolist():
-        rows = (key_start == start).nonzero().squeeze(1)
+    starts, counts = torch.unique_consecutive(key_start, return_counts=True)   # a request's queries are adjacent
+    first = 0
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        rows = slice(first, first + count)
+        first += count
         end = int(key_end[rows].max())
         if end > start:
             out[rows, :end - start] = indexer_logits(q[rows], index_keys[start:end], weights[rows],

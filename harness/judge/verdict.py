@@ -367,14 +367,13 @@ def joint_sessions_needed(cells: Sequence[CellResult]) -> int | None:
     return planning.sessions_for_joint_power(_power_plan(tested)) if tested else None
 
 
-def _joint_advice(cells: Sequence[CellResult]) -> str:
+def _joint_advice(cells: Sequence[CellResult], need: int | None) -> str:
     """The run's advice: P(every primary session cell PASSes an unchanged candidate) now and the sessions per arm
-    for 90 % of it (:func:`joint_sessions_needed`, cap stated); "" without such cells."""
+    for 90 % of it (``need``: :func:`joint_sessions_needed` of ``cells``, cap stated); "" without such cells."""
     tested = _tested(cells)
     if not tested:
         return ""
     now = min(c.repeats for c in tested)
-    need = joint_sessions_needed(tested)
     cap = planning.MAX_ADVISED_SESSIONS
     head = (f"P(all {len(tested)} session-replicated primary cells PASS an unchanged candidate) ≈ "
             f"{100 * planning.joint_pass_probability(_power_plan(tested), now):.0f} % at {now} sessions per arm "
@@ -460,8 +459,8 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
     if worst == Status.INVALID:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
-        advice = _joint_advice(cells)
         need = joint_sessions_needed(cells)
+        advice = _joint_advice(cells, need)
         now = min((c.repeats for c in _tested(cells)), default=0)
         minutes = (f" (≈{(need - now) * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)"
                    if need is not None and need > now and block_s else "")
