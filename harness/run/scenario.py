@@ -175,7 +175,8 @@ class ParitySpec(_Frozen):
                              "drop long_n or set prompts = \"tiny-arith\"")
         low, high = self.long_distractors
         if not 0 <= low <= high:
-            raise ValueError(f"parity.long_distractors: need 0 <= min <= max, got {list(self.long_distractors)}")
+            raise ValueError(f"parity.long_distractors: need 0 <= min <= max, got {list(self.long_distractors)}; "
+                             f"write [min, max], e.g. {sorted(map(abs, self.long_distractors))}")
         return self
 
     @property
