@@ -264,8 +264,22 @@ def run(request: CompareRequest) -> CompareResult:
         low, high = manifest.estimate.wall_s
         console.print(f"the plan estimated {low:.0f}–{high:.0f} s (manifest estimate vs timing)")
     done = 0 if manifest.status == "done" else 1
+    note = exit_note(request.gate, done, gate_code, run_dir)
+    if note:
+        console.print(f"[dim]{escape(note)}[/]", highlight=False)
     return CompareResult(exit_code=gate_code if request.gate else done, run_dir=run_dir, status=manifest.status,
                          gate_code=gate_code)
+
+
+def exit_note(gate: bool, done: int, gate_code: int, run_dir: Path) -> str | None:
+    """The line that says which exit code ``compare`` returns when it is not the verdict's (``gate`` False and the
+    two differ): the verdict line above it prints the gate's code, ``compare`` without ``--gate`` exits ``done``
+    (0 every level done, 1 not). None when there is nothing to tell apart."""
+    if gate or gate_code == done:
+        return None
+    state = "every level done" if done == 0 else "not every level done"
+    return (f"dsa-bench compare exits {done} ({state}); the verdict's exit code {gate_code} is what "
+            f"`dsa-bench gate {run_dir}` returns, and `compare --gate` in CI")
 
 
 def aa_overrides(baseline: Any, inject: str | None) -> dict[str, Any]:

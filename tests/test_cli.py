@@ -7,7 +7,7 @@ import pytest
 
 from harness.run import procs
 from harness.cli import _overrides, build_parser, main
-from harness.compare import default_scenario
+from harness.compare import default_scenario, exit_note
 
 
 def _run(capsys, *argv):
@@ -121,3 +121,10 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys):
     assert main(["compare", "--resume", str(run_dir)]) == 0
     assert "nothing to resume" in capsys.readouterr().err
     assert (run_dir / "manifest.json").read_bytes() == before
+
+
+def test_compare_without_gate_says_which_exit_code_it_returns(tmp_path):
+    note = exit_note(False, 0, 3, tmp_path)
+    assert note.startswith("dsa-bench compare exits 0 (every level done)") and f"dsa-bench gate {tmp_path}" in note
+    assert "exits 1 (not every level done)" in exit_note(False, 1, 0, tmp_path)
+    assert exit_note(True, 0, 3, tmp_path) is None and exit_note(False, 0, 0, tmp_path) is None

@@ -74,6 +74,20 @@ def test_summary_is_a_pr_comment(passed):
     assert len(text) < 10_000
 
 
+def test_summary_table_shows_the_gated_tpot(tmp_path):
+    """With the server's mean TPOT gated (the CPU default's [gate] primary), the level table shows that TPOT and
+    names it, and it is not listed a second time among the "other primary cells"."""
+    manifest, levels, requests = aa.aa_run(QUIET_SESSIONS, identical=True)
+    levels["server_mean_tpot_ms"] = levels["mean_tpot_ms"] * 1.5
+    run_dir = aa.write_run(tmp_path / "run", manifest, levels, requests)
+    result = gate.run_gate(run_dir, GatePolicy(primary=("output_throughput", "server_mean_tpot_ms")))
+    text = (run_dir / gate.SUMMARY).read_text()
+    assert "| Server mean TPOT ms base | cand | Δ TPOT [CI] |" in text
+    first = next(c for c in result.document["cells"] if c["metric"] == "server_mean_tpot_ms")
+    assert f"| {first['baseline']:.2f} |" in text
+    assert "Other primary cells" not in text
+
+
 def _vllm_converter():
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:

@@ -179,3 +179,15 @@ def test_the_next_step_names_the_gsm8k_cell_without_a_level():
     text = _levels_text([row("Output throughput (tok/s)", "c=1"), row("Output throughput (tok/s)", "c=4"),
                          row("GSM8K accuracy (%)", "GSM8K")])
     assert text == "Output throughput (tok/s) at c=1, c=4; GSM8K accuracy (%)"
+
+
+def test_an_interrupted_run_is_told_to_resume():
+    """The fresh-clone review of 2026-12-05: an interrupted run's "Next" line advised fixing the cells' INVALID
+    reasons (levels not run) and running the comparison again, where `compare --resume` runs just what is missing."""
+    from harness.render.answer import next_step
+
+    verdict = {"overall": "INVALID", "run_status": "interrupted",
+               "cells": [{"result": "INVALID", "note": "not run (skipped: run stopped before this level)"}]}
+    assert next_step(verdict, [], None, "results/RUN").startswith(
+        "Next: finish the run with `dsa-bench compare --resume results/RUN`")
+    assert "fix what made" in next_step({**verdict, "run_status": "done"}, [], None, "results/RUN")

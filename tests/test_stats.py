@@ -169,8 +169,17 @@ def test_paired_difference_uses_agresti_min():
     assert same.difference == 0 and 0 < same.se < 0.001          # no zero-width interval when the arms agree
 
 
-def test_samples_needed_scales_the_standard_error_by_root_n():
-    assert stats.samples_needed(0.005, 0.004, 400, 0.025) == math.ceil(400 * (1.959964 * 0.004 / 0.005) ** 2)
+def test_samples_needed_is_where_tangos_test_rejects_at_the_observed_rates():
+    """The fresh-clone review of 2026-12-05: the advice "≈129 questions would settle it" came from the Agresti–Min
+    Wald standard error, while at n = 129 the cell's own test (Tango's) still did not PASS. Now the advice is the
+    smallest n at which Tango's test, the rates held, rejects — checked here by scaling the counts."""
+    b, c, n, limit, level = 3, 5, 128, -0.01, 0.05
+    assert stats.tango_pvalues(b, c, n, limit)[0] > level                        # undecided now
+    need = stats.samples_needed(b, c, n, limit, level)
+    at = lambda m: stats.tango_pvalues(b * m / n, c * m / n, m, limit)[0]       # noqa: E731
+    assert at(need) <= level + 1e-12 < at(need - 1)
+    assert stats.samples_needed(5, 3, 128, limit, level) > need                   # leaning to FAIL: farther
+    assert stats.samples_needed(0, 30, 128, limit, level) == 128                  # already rejects
 
 
 def test_tango_restricted_mle_maximises_the_constrained_likelihood():

@@ -446,11 +446,18 @@ def tango_interval(baseline_only: int, candidate_only: int, n: int, level: float
     return bound(z), bound(-z)
 
 
-def samples_needed(distance: float, se: float, n: int, level: float) -> int | None:
-    """Paired samples (questions) at which a normal interval would clear the margin, by ``se ∝ 1/sqrt(n)``."""
-    if se <= 0:
-        return n
-    if distance <= 0:
+def samples_needed(baseline_only: int, candidate_only: int, n: int, limit: float, level: float) -> int | None:
+    """Paired questions at which Tango's score test at the margin ``limit`` (:func:`tango_z`) would reject at
+    ``level`` on the side the data lean to, the discordance rates ``b/n`` and ``c/n`` held as observed.
+
+    At fixed rates the restricted MLE ``p̃`` of :func:`tango_z` does not depend on ``n`` (its quadratic scales with
+    ``n``), so ``z`` grows as ``√n`` and the answer is ``n (z_{1−level} / |z|)²`` — the same test the cell is judged
+    by, not a Wald approximation of it. ``n`` itself when it already rejects; None when ``z = 0`` (the estimate sits
+    on the margin: no sample size settles it)."""
+    z = tango_z(baseline_only, candidate_only, n, limit)
+    if z == 0.0:
         return None
-    z = float(_special().ndtri(1.0 - level))
-    return int(math.ceil(n * (z * se / distance) ** 2))
+    if math.isinf(z):
+        return n
+    need = float(_special().ndtri(1.0 - level)) / abs(z)
+    return max(n, int(math.ceil(n * need * need)))

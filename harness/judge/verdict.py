@@ -200,7 +200,8 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
 class _Test:
     """A cell's test on its scale: ``estimate`` (log ratio, or proportion difference), ``se``, ``df`` (inf: normal),
     the margin ``limit``; ``score = (b, c, n)`` for an accuracy cell, tested by Tango's score test instead of the
-    Wald statistic (``se`` then only plans the questions a decision needs)."""
+    Wald statistic (``se``, Agresti–Min's, is then not used: the interval, the p-values and the questions a decision
+    needs, :func:`harness.judge.stats.samples_needed`, all come from the score test)."""
 
     estimate: float
     se: float
@@ -318,8 +319,7 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
                 result.status = Status.INCONCLUSIVE
                 level = alpha if result.p_pass <= result.p_fail else float(levels[k])
                 if test.score is not None:
-                    result.samples_needed = stats.samples_needed(abs(test.estimate - test.limit), test.se,
-                                                                 result.n_baseline or 0, level)
+                    result.samples_needed = stats.samples_needed(*test.score, test.limit, level)
                 else:
                     result.repeats_needed = _sessions_to_pass(test.se, test.df, result.repeats, test.limit,
                                                               policy.alpha)

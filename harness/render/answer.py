@@ -165,6 +165,11 @@ def _levels_text(rows: Sequence[ForestRow]) -> str:
                      for label, wheres in groups.items())
 
 
+UNFINISHED = ("interrupted", "running")
+"""``verdict.json`` ``run_status`` of a run stopped before its last level (Ctrl-C, SIGTERM, a killed process): what
+it lacks, ``dsa-bench compare --resume`` runs."""
+
+
 def next_step(verdict: Mapping[str, Any] | None, rows: Sequence[ForestRow], designs: Mapping[str, Any] | None,
               run_dir: str) -> str:
     """One sentence of what to do next: which cell failed and by how much; what makes the run invalid; how many more
@@ -180,6 +185,9 @@ def next_step(verdict: Mapping[str, Any] | None, rows: Sequence[ForestRow], desi
         detail = f" ({row_text(first)})" if first is not None else ""
         return (f"Next: find the regression in {_levels_text(failed) or 'the failing cell'}{detail}: the whole "
                 "interval lies beyond the margin, so more sessions will not turn it into a PASS.")
+    if overall == "INVALID" and verdict.get("run_status") in UNFINISHED:
+        return (f"Next: finish the run with `dsa-bench compare --resume {run_dir}` (its finished levels are kept), "
+                "then judge it again: the levels that did not finish leave their cells INVALID.")
     if overall == "INVALID":
         cells = [c for c in verdict.get("cells") or [] if isinstance(c, Mapping) and c.get("result") == "INVALID"]
         reason = _clip(str(cells[0].get("note") or "") if cells else str(verdict.get("reason") or ""))

@@ -46,7 +46,7 @@ def render(view: VerdictView) -> str:
     if accuracy is not None:
         lines += [_gsm8k_line(accuracy, document.policy_fields.get("gsm8k_filter", "")), ""]
     lines += _correctness_lines(document.correctness)
-    shown = {"output_throughput", "mean_tpot_ms", "acceptance_length", "gsm8k_accuracy"}
+    shown = {"output_throughput", tpot_metric(document), "acceptance_length", "gsm8k_accuracy"}
     others = [c for c in document.cells if c.metric not in shown]
     if others:
         lines.append("Other primary cells: " + "; ".join(
@@ -64,6 +64,12 @@ def _next_step(view: VerdictView) -> str:
     return next_step(verdict, forest_rows(verdict), found, str(view.run_dir))
 
 
+def tpot_metric(document) -> str:
+    """The TPOT the level table shows: the gated one (``server_mean_tpot_ms`` where ``[gate] primary`` names the
+    server's mean TPOT, as the CPU default does), else the client's ``mean_tpot_ms``."""
+    return "server_mean_tpot_ms" if any(c.metric == "server_mean_tpot_ms" for c in document.cells) else "mean_tpot_ms"
+
+
 def _level_table(view: VerdictView) -> list[str]:
     cells = view.cell_map()
     document = view.document
@@ -71,15 +77,16 @@ def _level_table(view: VerdictView) -> list[str]:
                     key=Level.parse)
     several = len({Level.parse(level).regime for level in levels}) > 1
     show_mtp = any(metric == "acceptance_length" for metric, _ in cells)
-    header = ["Level" if several else "Conc.", "Output tok/s base", "cand", "Δ tput [CI]", "Mean TPOT ms base", "cand",
-              "Δ TPOT [CI]"]
+    tpot_name = tpot_metric(document)
+    header = ["Level" if several else "Conc.", "Output tok/s base", "cand", "Δ tput [CI]",
+              f"{'Server mean' if tpot_name == 'server_mean_tpot_ms' else 'Mean'} TPOT ms base", "cand", "Δ TPOT [CI]"]
     if show_mtp:
         header.append("MTP accept. length base → cand")
     header.append("Verdict")
     lines = ["| " + " | ".join(header) + " |",
              "|" + "|".join(["--:"] * 3 + [":--"] + ["--:"] * 2 + [":--"] * (len(header) - 6)) + "|"]
     for level in levels:
-        tput, tpot = cells.get(("output_throughput", level)), cells.get(("mean_tpot_ms", level))
+        tput, tpot = cells.get(("output_throughput", level)), cells.get((tpot_name, level))
         shown = Level.parse(level).label(regime=several) if several else str(Level.parse(level).concurrency)
         row = [shown, fmt(tput and tput.baseline), fmt(tput and tput.candidate), delta_text(tput),
                fmt(tpot and tpot.baseline, 2), fmt(tpot and tpot.candidate, 2), delta_text(tpot)]
