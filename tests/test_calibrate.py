@@ -220,7 +220,7 @@ def test_calibrate_defects_all_prints_the_kill_matrix_and_leaves_out_what_the_sc
     out = capsys.readouterr().out
     runnable = [name for name in DEFECTS if name != "mtp-hidden-unnormed"]
     assert injections == [None, *runnable]
-    assert "| `topk-random` | yes | FAIL | caught | gsm8k_accuracy GSM8K, token_divergence |" in out
+    assert "| `topk-random` | yes | FAIL | caught | gsm8k_accuracy, token_divergence |" in out
     assert "| `topk-order` | no | PASS | quiet | — |" in out
     assert "caught: 12, missed: 0, false alarm: 0, quiet: 2" in out and "not run: mtp-hidden-unnormed" in out
     (written,) = tmp_path.glob("calibration-*.json")

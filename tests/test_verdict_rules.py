@@ -44,6 +44,14 @@ def test_identical_repeats_are_degenerate_never_a_certain_pass_or_fail():
     assert all("degenerate" in r.note() or any("degenerate" in n for n in r.notes) for r in results)
 
 
+def test_a_zero_spread_cell_says_so_not_that_it_sits_near_the_margin():
+    """The served MTP A/A of 2026-12-05 (3 sessions, acceptance length identical in every one): its cells read "the
+    estimate sits near the margin: 3 sessions would already pass an unchanged candidate" — sessions advice for a
+    cell that is undecided because its spread is zero."""
+    result = verdict.decide([_cell("acceptance_length", 1, [2.36, 2.37, 2.38], [2.36, 2.37, 2.38])], MTP)[0]
+    assert result.status == Status.INCONCLUSIVE and result.note().startswith("zero spread")
+
+
 def _noisy(metric, level, ratio, wiggle, units=3):
     """``units`` paired units with baseline ≈ 100 and candidate ``ratio`` × baseline × exp(±wiggle)."""
     base = 100 * np.exp(np.linspace(-0.01, 0.01, units))

@@ -42,6 +42,12 @@ __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overa
 # --------------------------------------------------------------------------------------------------------------- cells
 
 
+ZERO_SPREAD = ("zero spread: the paired values do not vary (identical or copied repeats), so no interval can be "
+               "trusted; degenerate, never a verdict")
+"""The note of a session cell whose paired values do not vary (an A/A's deterministic MTP acceptance, a copied
+run): it stays INCONCLUSIVE, and this is what its one-line note says (not sessions advice)."""
+
+
 @dataclass
 class CellResult:
     """One cell's outcome. ``delta``/``ci_*``/``margin`` are in % of baseline (``delta_unit`` "%") or accuracy points
@@ -81,6 +87,8 @@ class CellResult:
     upper bound (session cells that were tested; the advice's input)."""
     pass_level: float | None = None
     """The level its PASS was tested at (α, or a sequential look's nominal level)."""
+    degenerate: bool = False
+    """Zero spread: the paired values do not vary, so no interval is trusted and the cell is never decided."""
 
     @property
     def spec(self) -> Metric:
@@ -97,6 +105,8 @@ class CellResult:
         if self.reasons:
             return "; ".join(self.reasons)
         if self.status == Status.INCONCLUSIVE:
+            if self.degenerate:                                   # its own note, not sessions advice
+                return ZERO_SPREAD
             if self.ci_low is None and self.notes:                 # too few repeats for any interval
                 return f"{self.notes[0]}; run ≈{self.repeats_needed}"
             if self.repeats_needed is not None and self.repeats_needed <= self.repeats:
@@ -277,8 +287,8 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         if test is not None:
             result.p_pass, result.p_fail = test.pvalues(METRICS[cell.metric].higher_is_better)
             if test.score is None and stats.is_degenerate(test.se):
-                result.notes.append("zero spread: the paired values do not vary (identical or copied repeats), so "
-                                    "no interval can be trusted; degenerate, never a verdict")
+                result.degenerate = True
+                result.notes.append(ZERO_SPREAD)
     metrics = list(dict.fromkeys(c.metric for c in cells if c.primary))
     pooled_results = []
     for metric in metrics:
