@@ -43,7 +43,9 @@ def test_a_budget_that_fits_changes_nothing():
     record = project_budget(120.0, elapsed_s=40.0, level_s={SHORT.at(1): 10.0, SHORT.at(8): 20.0},
                             min_sessions=3, planned=6, start_s=10.0)
     assert record.block_s == 40.0 and record.outcome == "fits" and record.dropped == () and record.needed_s == 120.0
-    assert record.describe().endswith("needs 120 s ≤ budget 120 s; nothing changed (3 of 6 blocks projected)")
+    assert record.describe().endswith("needs 120 s ≤ budget 120 s; nothing changed (3 of 6 blocks projected at "
+                                      "block 1's cost; each later block still starts if the one before it would "
+                                      "fit again)")
 
 
 def test_the_longest_levels_are_dropped_until_min_sessions_fit():

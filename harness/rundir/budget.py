@@ -31,8 +31,10 @@ class BudgetRecord(Record):
     ``dropped``: the levels (ids) not measured from block 2 on, longest first by ``level_s`` until the projection
     fits (at least one level kept); ``projected_s``: the projection after the drops (for ``cannot``: with every level
     but the shortest dropped); ``blocks``: the blocks projected to fit the budget at that cost per block, of the
-    ``planned`` ones (``workload.repeats``); ``start_s``: the server starts of block 1 that every block repeats (fresh
-    sessions per block; 0 where servers stay up), which no change of levels shortens. ``outcome``: ``fits``
+    ``planned`` ones (``workload.repeats``) — a projection, not the count run: each later block starts if the block
+    before it, timed, would fit again (:class:`harness.run.stopping.BlockBudget`), so more may run; ``start_s``: the
+    server starts of block 1 that every block repeats (fresh sessions per block; 0 where servers stay up), which no
+    change of levels shortens. ``outcome``: ``fits``
     (nothing changed), ``adapted`` (levels dropped: the verdict covers the kept ones) or ``cannot`` (nothing makes it
     fit: the run stopped after block 1)."""
 
@@ -64,7 +66,8 @@ class BudgetRecord(Record):
                 f"min_sessions {self.min_sessions} needs "
                 f"{self.needed_s:.0f} s {'≤' if self.outcome == 'fits' else '>'} budget {self.budget_s:.0f} s")
         if self.outcome == "fits":
-            return head + f"; nothing changed ({self.blocks} of {self.planned} blocks projected)"
+            return head + (f"; nothing changed ({self.blocks} of {self.planned} blocks projected at block 1's cost; "
+                           "each later block still starts if the one before it would fit again)")
         if self.outcome == "adapted":
             return (head + f"; changed: {self._levels(self.dropped)} dropped from blocks 2 on (the longest levels "
                     f"of block 1 first), {self.projected_s:.0f} s projected, {self.blocks} of {self.planned} blocks; "
