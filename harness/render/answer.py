@@ -231,14 +231,13 @@ def _sessions_to_decide(verdict: Mapping[str, Any], needed: Sequence[tuple[int, 
     (``sessions_needed``, the one its reason quotes; None when it is beyond the advice's cap), else the largest
     per-cell figure (a ``verdict.json`` written before the field existed). ``needed``: (repeats_needed, repeats) per
     open cell, not empty."""
+    per_cell = max(n for n, _ in needed), max(n - have for n, have in needed)
     if "sessions_needed" not in verdict:
-        return max(n for n, _ in needed), max(n - have for n, have in needed)
+        return per_cell
     joint, have = verdict["sessions_needed"], min(have for _, have in needed)
     if isinstance(joint, int):
         return joint, joint - have
-    if have < 2:          # one session measures no spread, so no joint figure exists: the cells' recommendation
-        return max(n for n, _ in needed), max(n - had for n, had in needed)
-    return None
+    return per_cell if have < 2 else None   # one session measures no spread: no joint figure, the cells' advice
 
 
 def _cheaper_design(designs: Mapping[str, Any] | None, cost_s: float | None) -> str:

@@ -203,8 +203,8 @@ def _correctness_lines(cells) -> list[str]:
 
 
 def _name(cell) -> str:
-    """``"Output throughput c=4"``; the GSM8K cell, which has no level, by its label alone."""
-    return cell.label if cell.where == "GSM8K" else f"{cell.label} {cell.where}"
+    """``"Output throughput c=4"``; the GSM8K cell by its label alone (:meth:`VerdictCell.named`)."""
+    return cell.named(cell.label)
 
 
 def _details(view: VerdictView) -> list[str]:

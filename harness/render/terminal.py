@@ -78,8 +78,7 @@ def _table(title: str, cells, notes: dict[str, list[str]]):
         metric = METRICS.get(cell.metric)
         mark = ""
         if cell.note:
-            name = metric.abbrev if metric else cell.metric
-            notes.setdefault(cell.note, []).append(name if cell.where == "GSM8K" else f"{name} {cell.where}")
+            notes.setdefault(cell.note, []).append(cell.named(metric.abbrev if metric else cell.metric))
             mark = f" ({list(notes).index(cell.note) + 1})"
         verdict = f"[{STYLE[str(cell.result)]}]{SHORT[str(cell.result)]}[/]{mark}"
         concurrency = "" if cell.concurrency is None else str(cell.concurrency)

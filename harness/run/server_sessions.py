@@ -68,8 +68,7 @@ class ServerSessions:
         try:
             ready_s = server.start(self.plan.scenario.serve.ready_timeout_s)
         except ServerError as error:
-            if self.cluster is None and tries > 1 and ("Address already in use" in str(error)
-                                                       or "is already in use" in str(error)):
+            if self.cluster is None and tries > 1 and "already in use" in str(error):
                 self.console.print(f"[yellow]{arm.name}: the port was taken before vLLM bound it; new port[/]")
                 return self._start_server(arm, block, tries - 1)
             raise

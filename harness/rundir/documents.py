@@ -102,6 +102,10 @@ class VerdictCell(_Open):
             return level.label()
         return "GSM8K" if self.concurrency is None else f"c={self.concurrency}"
 
+    def named(self, name: str) -> str:
+        """``"<name> <where>"`` (``"Output throughput c=4"``); the GSM8K cell, which has no level, by ``name`` alone."""
+        return name if self.where == "GSM8K" else f"{name} {self.where}"
+
 
 class CorrectnessCellDoc(_Open):
     """One cell of the correctness family in ``verdict.json`` (``harness.judge.divergence.CorrectnessCell``): the

@@ -71,7 +71,7 @@ def failed_cells(document: VerdictDocument) -> tuple[str, ...]:
     """The gated cells that FAILed: ``<metric> <where>`` for the per-level cells (``where``: ``c=N``), the metric
     alone for GSM8K (no level), ``<metric> pooled`` for the pooled hypotheses, and the correctness family's cell
     names."""
-    cells = [f"{c.metric} {c.where}" if c.level else c.metric for c in document.cells if c.result == "FAIL"]
+    cells = [c.named(c.metric) for c in document.cells if c.result == "FAIL"]
     cells += [f"{c.metric} pooled" for c in document.pooled if c.result == "FAIL"]
     cells += [c.name for c in document.correctness if c.result == "FAIL"]
     return tuple(cells)
