@@ -33,7 +33,7 @@ Exit codes (:func:`exit_code`): 0 PASS, 1 FAIL, 3 INCONCLUSIVE, 4 INVALID.
     validity {failures [{arm, concurrency, round, check, detail}], not_checked [str]},
     notes [str], evaluated: bool (false: the data could not be read, no figures),
     sessions_needed: null | int   # INCONCLUSIVE: sessions per arm for 90 % that every primary cell PASSes an
-                                  # unchanged candidate (harness.judge.verdict.joint_sessions_needed)
+                                  # unchanged candidate (harness.judge.advice.joint_sessions_needed)
     noise: null | {column, levels [{concurrency, pairs, sd, low, high, upper}], pooled {same}, blocks_timed,
                    wall_per_block_s, cost_s, minutes_to_1pct_se, blocks_3pct, blocks_3pct_upper, minutes_3pct}
            # this run's paired spread of output throughput per session block and its cost per decision

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from harness.judge import design_costs, planning, sequential, stalls, stats
+from harness.judge import advice, design_costs, planning, sequential, stalls, stats
+from harness.judge.cell_result import ZERO_SPREAD, CellResult
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.stalls import Stall
@@ -40,114 +41,6 @@ __all__ = ["CellInput", "CellResult", "Verdict", "build_cells", "decide", "overa
 
 
 # --------------------------------------------------------------------------------------------------------------- cells
-
-
-ZERO_SPREAD = ("zero spread: the paired values do not vary (identical or copied repeats), so no interval can be "
-               "trusted; degenerate, never a verdict")
-"""The note of a session cell whose paired values do not vary (an A/A's deterministic MTP acceptance, a copied
-run): it stays INCONCLUSIVE, and this is what its one-line note says (not sessions advice)."""
-
-
-@dataclass
-class CellResult:
-    """One cell's outcome. ``delta``/``ci_*``/``margin`` are in % of baseline (``delta_unit`` "%") or accuracy points
-    ("pt"); ``ci_level`` is the two-sided confidence of the interval shown (the Holm level the cell was tested at)."""
-
-    metric: str
-    level: Level | None
-    primary: bool
-    status: Status | None
-    reasons: list[str] = field(default_factory=list)
-    baseline: float | None = None
-    candidate: float | None = None
-    ratio: float | None = None
-    delta: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
-    ci_level: float | None = None
-    margin: float | None = None
-    p_pass: float | None = None
-    p_fail: float | None = None
-    p_pass_holm: float | None = None
-    p_fail_holm: float | None = None
-    repeats: int = 0
-    repeats_needed: int | None = None
-    samples_needed: int | None = None
-    n_baseline: int | None = None
-    n_candidate: int | None = None
-    percentile_95: tuple[float, float] | None = None
-    mcnemar: dict[str, Any] | None = None
-    accuracy: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
-    pooled: bool = False
-    regime: Regime | None = None
-    """A pooled result's regime (its levels'); a level cell's is its level's."""
-    spread: float | None = None
-    """Per-session spread ``se·√n`` of the test statistic at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE`
-    upper bound (session cells that were tested; the advice's input)."""
-    pass_level: float | None = None
-    """The level its PASS was tested at (α, or a sequential look's nominal level)."""
-    degenerate: bool = False
-    """Zero spread: the paired values do not vary, so no interval is trusted and the cell is never decided."""
-
-    @property
-    def spec(self) -> Metric:
-        return METRICS[self.metric]
-
-    @property
-    def where(self) -> str:
-        if self.pooled:
-            return f"all levels of {self.regime.label()} (pooled)" if self.regime else "all levels (pooled)"
-        return "GSM8K" if self.level is None else self.level.label()
-
-    def note(self) -> str:
-        """One line for tables: why INVALID, what INCONCLUSIVE needs, or empty."""
-        if self.reasons:
-            return "; ".join(self.reasons)
-        if self.status == Status.INCONCLUSIVE:
-            if self.degenerate:                                   # its own note, not sessions advice
-                return ZERO_SPREAD
-            if self.ci_low is None and self.notes:                 # too few repeats for any interval
-                return f"{self.notes[0]}; run ≈{self.repeats_needed}"
-            if self.repeats_needed is not None and self.repeats_needed <= self.repeats:
-                return (f"the estimate sits near the margin: {self.repeats} sessions would already pass an "
-                        "unchanged candidate at this spread")
-            if self.repeats_needed is not None:
-                return (f"≈{self.repeats_needed} sessions per arm for 90 % power to pass this cell for an unchanged "
-                        f"candidate (spread at its {100 * planning.ADVICE_CONFIDENCE:g} % upper bound; now "
-                        f"{self.repeats})")
-            if self.samples_needed is not None:
-                return f"≈{self.samples_needed} questions would settle it (now {self.n_baseline})"
-            return "the spread is too wide for any affordable number of sessions"
-        return ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready; carries the keys the HTML report reads (``concurrency``, ``metric``, ``delta_pct``,
-        ``ci_low_pct``, ``ci_high_pct``, ``margin_pct``, ``result``, ``note``)."""
-        spec = self.spec
-        data: dict[str, Any] = {
-            "metric": self.metric, "label": spec.label, "unit": spec.unit,
-            "concurrency": None if self.level is None else self.level.concurrency,
-            "level": None if self.level is None else str(self.level),
-            "regime": str(self.regime or (self.level.regime if self.level else "")) or None,
-            "primary": self.primary, "result": None if self.status is None else str(self.status),
-            "higher_is_better": spec.higher_is_better, "baseline": self.baseline, "candidate": self.candidate,
-            "ratio": self.ratio, "delta": self.delta, "ci_low": self.ci_low, "ci_high": self.ci_high,
-            "delta_unit": spec.margin_unit, "ci_level": self.ci_level, "margin": self.margin,
-            "p_pass": self.p_pass, "p_fail": self.p_fail, "p_pass_holm": self.p_pass_holm,
-            "p_fail_holm": self.p_fail_holm, "repeats": self.repeats, "repeats_needed": self.repeats_needed,
-            "samples_needed": self.samples_needed, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
-            "percentile_95": None if self.percentile_95 is None else list(self.percentile_95),
-            "reasons": list(self.reasons), "notes": list(self.notes), "note": self.note(), "pooled": self.pooled,
-            "spread": self.spread,
-        }
-        percent = spec.margin_unit == "%"                      # the *_pct keys exist on every cell (None for GSM8K)
-        data.update(delta_pct=self.delta if percent else None, ci_low_pct=self.ci_low if percent else None,
-                    ci_high_pct=self.ci_high if percent else None, margin_pct=self.margin if percent else None)
-        if not percent:
-            data.update(delta_pts=self.delta, ci_low_pts=self.ci_low, ci_high_pts=self.ci_high,
-                        margin_pts=self.margin, mcnemar=self.mcnemar, accuracy=self.accuracy)
-        return data
 
 
 def _cell_seed(seed: int, metric: str, level: Level | None) -> list[int]:
@@ -331,7 +224,7 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
                 if test.score is not None:
                     result.samples_needed = stats.samples_needed(*test.score, test.limit, level)
                 else:
-                    result.repeats_needed = _sessions_to_pass(test.se, test.df, result.repeats, test.limit,
+                    result.repeats_needed = advice.sessions_to_pass(test.se, test.df, result.repeats, test.limit,
                                                               policy.alpha)
             _set_interval(result, test, level)
     for i, (cell, test) in enumerate(zip(cells, tests)):
@@ -346,51 +239,6 @@ def _nominal(metric: str, look: sequential.Look | None):
     if look is None or METRICS[metric].source == "accuracy":
         return lambda a: a
     return look.nominal
-
-
-def _sessions_to_pass(se: float, df: float, units: int, limit: float, alpha: float) -> int | None:
-    """Sessions per arm a fresh run needs for 90 % power to PASS this cell for a candidate equal to the baseline: the
-    cell's per-session spread ``se·√units`` at its :data:`~harness.judge.planning.ADVICE_CONFIDENCE` upper bound on
-    ``df`` (a prospective power calculation, :mod:`harness.judge.planning`; never the observed effect, which would
-    make the advice as noisy as the run)."""
-    if df < 1:
-        return None
-    spread = planning.spread_upper_bound(se * math.sqrt(units), int(df), planning.ADVICE_CONFIDENCE)
-    return planning.sessions_for_power(spread, abs(limit), alpha, 0.90, max_sessions=planning.MAX_ADVISED_SESSIONS)
-
-
-def _tested(cells: Sequence[CellResult]) -> list[CellResult]:
-    """The session-replicated primary cells with a measured spread and a PASS level (those a power plan covers)."""
-    return [c for c in cells if c.spread is not None and c.pass_level is not None]
-
-
-def _power_plan(tested: Sequence[CellResult]) -> list[tuple[float, float, float]]:
-    """(per-session spread, |log margin|, PASS level) per cell: the input of :mod:`harness.judge.planning`."""
-    return [(c.spread, abs(math.log1p(c.margin / 100.0)), c.pass_level) for c in tested]
-
-
-def joint_sessions_needed(cells: Sequence[CellResult]) -> int | None:
-    """Sessions per arm for 90 % probability that every session-replicated primary cell PASSes an unchanged
-    candidate (:func:`harness.judge.planning.sessions_for_joint_power`); None without such cells or beyond the cap.
-    The one figure the verdict's reason and the report's next step both quote."""
-    tested = _tested(cells)
-    return planning.sessions_for_joint_power(_power_plan(tested)) if tested else None
-
-
-def _joint_advice(cells: Sequence[CellResult], need: int | None) -> str:
-    """The run's advice: P(every primary session cell PASSes an unchanged candidate) now and the sessions per arm
-    for 90 % of it (``need``: :func:`joint_sessions_needed` of ``cells``, cap stated); "" without such cells."""
-    tested = _tested(cells)
-    if not tested:
-        return ""
-    now = min(c.repeats for c in tested)
-    cap = planning.MAX_ADVISED_SESSIONS
-    head = (f"P(all {len(tested)} session-replicated primary cells PASS an unchanged candidate) ≈ "
-            f"{100 * planning.joint_pass_probability(_power_plan(tested), now):.0f} % at {now} sessions per arm "
-            f"(spreads at their {100 * planning.ADVICE_CONFIDENCE:g} % upper bounds)")
-    if need is None:
-        return f"{head}; more than the {cap}-session cap would be needed for 90 %"
-    return f"{head}; ≈{need} sessions per arm for 90 % (cap {cap})"
 
 
 def _pooled(metric: str, regime: Regime, members: Sequence[CellInput], policy: GatePolicy
@@ -469,12 +317,12 @@ def overall(results: Sequence[CellResult], block_s: float | None = None) -> tupl
     if worst == Status.INVALID:
         return worst, f"{len(hit)} primary cell(s) INVALID ({which}), e.g. {first.where}: {first.note()}"
     if worst == Status.INCONCLUSIVE:
-        need = joint_sessions_needed(cells)
-        advice = _joint_advice(cells, need)
-        now = min((c.repeats for c in _tested(cells)), default=0)
+        need = advice.joint_sessions_needed(cells)
+        joint = advice.joint_advice(cells, need)
+        now = min((c.repeats for c in advice.tested(cells)), default=0)
         minutes = (f" (≈{(need - now) * block_s / 60:.0f} more minutes at {block_s:.0f} s per session block)"
                    if need is not None and need > now and block_s else "")
-        tail = f"; {advice}{minutes}" if advice else "; see each cell's note"
+        tail = f"; {joint}{minutes}" if joint else "; see each cell's note"
         return worst, f"{len(hit)} primary cell(s) INCONCLUSIVE ({which}){tail}"
     return worst, f"all {len(cells)} primary cells are non-inferior within their margins"
 
@@ -563,6 +411,6 @@ def evaluate(manifest: Manifest, levels, requests, accuracy, policy: GatePolicy,
     if run_status != "done":
         notes.append(f"run status is {run_status!r}: cells of levels that did not finish are INVALID")
     notes += [f"not checked — {n}" for n in validity.not_checked]
-    needed = joint_sessions_needed([r for r in results if r.primary and not r.pooled]) \
+    needed = advice.joint_sessions_needed([r for r in results if r.primary and not r.pooled]) \
         if status == Status.INCONCLUSIVE else None
     return Verdict(status, reason, results, validity, policy, notes, flagged, needed)
