@@ -18,7 +18,10 @@ Entry point: ``[project.entry-points."vllm.general_plugins"] dsa_route = "dsa_ro
    states it in its line as ``inject=<kind>`` when the served model runs through ``dsa_route.vllm_cpu``, whose model
    classes apply it (``dsa_route.vllm_cpu.model.apply_injection``); any other served model gets
    ``inject_refused=<kind>`` and a WARNING line instead (nothing would apply it), so attestation marks the arm;
-6. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
+6. in a vLLM EngineCore process that runs its worker in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), binds the
+   process to ``VLLM_CPU_OMP_THREADS_BIND``'s cores (:mod:`dsa_route.engine_bind`; vLLM binds only ``mp`` workers)
+   and adds ``engine_cores=…`` to its line;
+7. writes exactly one line starting ``dsa_route:`` to stderr that states the decision (parsed back by
    ``harness.run.attest``).
 
 How it learns the served architecture: general plugins run before vLLM has parsed its arguments (the API server loads
@@ -395,15 +398,23 @@ def register() -> None:
     except Exception as exc:  # the plugin must never take vLLM down
         result = (f"{LINE_PREFIX} route=error {type(exc).__name__}: {exc}; plugin inactive, vLLM defaults untouched "
                   f"pid={os.getpid()}"), logging.WARNING
+    bound = None
     if is_server_process(sys.argv):
         try:
-            from dsa_route import cpu_gc_fix
+            from dsa_route import cpu_gc_fix, engine_bind
 
             cpu_gc_fix.apply()
+            process = multiprocessing.current_process().name
+            if engine_bind.cores_to_bind(os.environ, process):
+                import torch
+
+                bound = engine_bind.apply(os.environ, process, torch.set_num_threads)
         except Exception:  # noqa: BLE001 — the plugin must never take vLLM down
             pass
     if result is None:
         return
+    if bound:
+        result = f"{result[0]} engine_cores={','.join(map(str, bound))}", result[1]
     _last_line = result[0]
     try:
         _emit(*result)

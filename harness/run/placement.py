@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
+from dsa_route.engine_bind import parse_id_list
+
 Backend = Literal["local", "ray"]
 BACKENDS: tuple[str, ...] = ("local", "ray")
 
@@ -85,21 +87,6 @@ def id_list(ids: Sequence[int]) -> str:
         else:
             runs.append([value])
     return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
-
-
-def parse_id_list(text: str) -> tuple[int, ...]:
-    """``"0-2,5"`` → ``(0, 1, 2, 5)``.
-
-    Raises:
-        ValueError: not a comma-separated list of ids and ``a-b`` ranges of non-negative integers.
-    """
-    ids: list[int] = []
-    for part in str(text).split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or (high and not high.isdigit()) or (high and int(high) < int(low)):
-            raise ValueError(f"{text!r} is not an id list; write e.g. 0-3 or 0,2,4")
-        ids.extend(range(int(low), int(high or low) + 1))
-    return tuple(sorted(set(ids)))
 
 
 def slot_for(block: int, arm: str, slots: Mapping[str, Slot], swap: bool) -> Slot:
