@@ -74,6 +74,13 @@ class Metric:
     abbrev: str = ""
 
     @property
+    def repeats_exactly(self) -> bool:
+        """Whether a session can repeat the metric exactly: an MTP count (``spec``) from a deterministic engine can,
+        a timing cannot (the gate then decides a zero-spread cell on its common difference,
+        :func:`harness.judge.stats.noninferiority_pvalues` ``exact``)."""
+        return self.source == "spec"
+
+    @property
     def margin_unit(self) -> str:
         return "pt" if self.source == "accuracy" else "%"
 

@@ -110,6 +110,10 @@ def test_noninferiority_pvalues_follow_the_direction():
     # Zero spread is degenerate: no evidence either way, whatever the estimate.
     assert stats.noninferiority_pvalues(0.0, 0.0, 4, limit, True) == (1.0, 1.0)
     assert stats.noninferiority_pvalues(limit, 0.0, 4, limit, True) == (1.0, 1.0)
+    # ... unless the metric repeats exactly (an MTP count): the t-test's limit as se → 0, on the margin still (1, 1).
+    assert stats.noninferiority_pvalues(0.0, 0.0, 4, limit, True, exact=True) == (0.0, 1.0)
+    assert stats.noninferiority_pvalues(2 * limit, 0.0, 4, limit, True, exact=True) == (1.0, 0.0)
+    assert stats.noninferiority_pvalues(limit, 0.0, 4, limit, True, exact=True) == (1.0, 1.0)
 
 
 def test_an_estimate_exactly_on_the_margin_is_on_it():

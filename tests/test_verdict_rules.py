@@ -33,7 +33,7 @@ def test_exactly_on_the_margin_with_zero_spread_is_not_a_verdict(policy, metric,
     result = verdict.decide([_cell(metric, 1, base, cand)], policy)[0]
     assert result.status == Status.INCONCLUSIVE
     assert result.p_fail == 1.0 and result.p_pass == 1.0
-    assert any("zero spread" in note for note in result.notes)
+    assert any("zero spread" in note or "identical in every session" in note for note in result.notes)
 
 
 def test_identical_repeats_are_degenerate_never_a_certain_pass_or_fail():
@@ -45,11 +45,24 @@ def test_identical_repeats_are_degenerate_never_a_certain_pass_or_fail():
 
 
 def test_a_zero_spread_cell_says_so_not_that_it_sits_near_the_margin():
-    """The served MTP A/A of 2026-12-05 (3 sessions, acceptance length identical in every one): its cells read "the
+    """A copied timing (3 sessions, the candidate's throughput identical to the baseline's in every one) read "the
     estimate sits near the margin: 3 sessions would already pass an unchanged candidate" — sessions advice for a
     cell that is undecided because its spread is zero."""
-    result = verdict.decide([_cell("acceptance_length", 1, [2.36, 2.37, 2.38], [2.36, 2.37, 2.38])], MTP)[0]
+    result = verdict.decide([_cell("output_throughput", 1, [236.0, 237.0, 238.0], [236.0, 237.0, 238.0])], TPUT)[0]
     assert result.status == Status.INCONCLUSIVE and result.note().startswith("zero spread")
+
+
+@pytest.mark.parametrize("cand, status", [
+    ([2.36, 2.37, 2.38], Status.PASS),                          # the served MTP A/A of 2026-12-05, uni executor
+    ([2.36 * 0.95, 2.37 * 0.95, 2.38 * 0.95], Status.FAIL),     # −5 % in every session: beyond the −2 % margin
+    ([2.36 * 0.99, 2.37 * 0.99, 2.38 * 0.99], Status.PASS),     # −1 %: within it
+])
+def test_an_mtp_count_identical_in_every_session_is_decided_exactly(cand, status):
+    """Acceptance counts repeat exactly when the engine is deterministic: the common paired difference is the
+    difference, decided against the margin (a timing with zero spread stays degenerate, above)."""
+    result = verdict.decide([_cell("acceptance_length", 1, [2.36, 2.37, 2.38], cand)], MTP)[0]
+    assert result.status == status and not result.degenerate
+    assert any(note.startswith("identical in every session") for note in result.notes)
 
 
 def _noisy(metric, level, ratio, wiggle, units=3):

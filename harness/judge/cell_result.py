@@ -11,13 +11,17 @@ from harness.judge import planning
 from harness.judge.policy import METRICS, Metric, Status
 from harness.rundir.schema import Level, Regime
 
-__all__ = ["CellResult", "ZERO_SPREAD"]
+__all__ = ["CellResult", "EXACT", "ZERO_SPREAD"]
 
 
+# MTP acceptance counts repeat exactly when the engine is deterministic (vLLM's uni executor, fixed prompts, greedy):
+# every session's paired difference is then the same, and that common value is the difference for this workload.
+EXACT = ("identical in every session: an MTP count that repeats exactly (a deterministic engine), so the common "
+         "difference is decided against the margin as it stands")
 ZERO_SPREAD = ("zero spread: the paired values do not vary (identical or copied repeats), so no interval can be "
                "trusted; degenerate, never a verdict")
-"""The note of a session cell whose paired values do not vary (an A/A's deterministic MTP acceptance, a copied
-run): it stays INCONCLUSIVE, and this is what its one-line note says (not sessions advice)."""
+"""The note of a session cell whose paired timings do not vary (a copied run: a timing never repeats exactly): it stays
+INCONCLUSIVE, and this is what its one-line note says (not sessions advice)."""
 
 
 @dataclass

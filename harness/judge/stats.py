@@ -235,7 +235,7 @@ def is_degenerate(se: float) -> bool:
 
 
 def noninferiority_pvalues(estimate: float, se: float, df: float, limit: float,
-                           higher_is_better: bool) -> tuple[float, float]:
+                           higher_is_better: bool, exact: bool = False) -> tuple[float, float]:
     """One-sided p-values against the margin ``limit`` (same scale as ``estimate``: a log ratio or a difference).
 
     ``p_pass`` tests H0 "the candidate is worse than the margin" (rejecting it shows non-inferiority);
@@ -243,12 +243,16 @@ def noninferiority_pvalues(estimate: float, se: float, df: float, limit: float,
     With ``g = (estimate − limit)`` for higher-is-better (``limit − estimate`` otherwise) and ``T`` Student's t CDF:
     ``p_pass = 1 − T(g / se)``, ``p_fail = T(g / se)``; so ``p_pass + p_fail = 1``. ``|g|`` within
     :data:`MARGIN_TOLERANCE` counts as exactly on the margin (``g = 0``). A degenerate spread (:func:`is_degenerate`:
-    identical values in every repeat) is no evidence either way: ``(1, 1)``.
+    identical values in every repeat) is no evidence either way, ``(1, 1)`` — unless ``exact``: the metric can repeat
+    exactly (a count from a deterministic engine), so the common value is the difference itself and the p-values are
+    the t-test's limit as ``se → 0``: ``(0, 1)`` when ``g > 0``, ``(1, 0)`` when ``g < 0``, ``(1, 1)`` on the margin.
     """
     good = (estimate - limit) if higher_is_better else (limit - estimate)
     if abs(good) <= MARGIN_TOLERANCE:
         good = 0.0
     if is_degenerate(se):
+        if exact and good:
+            return (0.0, 1.0) if good > 0 else (1.0, 0.0)
         return 1.0, 1.0
     cdf = float(student_cdf(df, good / se))
     return 1.0 - cdf, cdf

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from harness.judge import advice, design_costs, planning, sequential, stalls, stats
-from harness.judge.cell_result import ZERO_SPREAD, CellResult
+from harness.judge.cell_result import EXACT, ZERO_SPREAD, CellResult
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
 from harness.judge.stalls import Stall
@@ -96,7 +96,8 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
         result.status = Status.INVALID if cell.primary else None
         return result, None
     result.percentile_95 = (100 * (estimate.percentile_95[0] - 1), 100 * (estimate.percentile_95[1] - 1))
-    return result, _Test(estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric))
+    return result, _Test(estimate.log_ratio, estimate.se, estimate.df, policy.limit(cell.metric),
+                         exact=METRICS[cell.metric].repeats_exactly)
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,13 @@ class _Test:
     df: float
     limit: float
     score: tuple[int, int, int] | None = None
+    exact: bool = False
 
     def pvalues(self, higher_is_better: bool) -> tuple[float, float]:
         """``(p_pass, p_fail)`` against the margin."""
         if self.score is not None:
             return stats.tango_pvalues(*self.score, self.limit)
-        return stats.noninferiority_pvalues(self.estimate, self.se, self.df, self.limit, higher_is_better)
+        return stats.noninferiority_pvalues(self.estimate, self.se, self.df, self.limit, higher_is_better, self.exact)
 
     def interval(self, level: float) -> tuple[float, float]:
         """Two-sided interval at confidence ``1 − 2 level`` that agrees with :meth:`pvalues` at ``level``."""
@@ -180,8 +182,8 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
         if test is not None:
             result.p_pass, result.p_fail = test.pvalues(METRICS[cell.metric].higher_is_better)
             if test.score is None and stats.is_degenerate(test.se):
-                result.degenerate = True
-                result.notes.append(ZERO_SPREAD)
+                result.degenerate = not test.exact
+                result.notes.append(EXACT if test.exact else ZERO_SPREAD)
     metrics = list(dict.fromkeys(c.metric for c in cells if c.primary))
     pooled_results = []
     for metric in metrics:
@@ -276,7 +278,7 @@ def _pooled(metric: str, regime: Regime, members: Sequence[CellInput], policy: G
     d = np.asarray(diffs)
     estimate, se, df = float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), float(d.size - 1)
     result.ratio, result.delta = math.exp(estimate), _to_delta(spec, estimate)
-    test = _Test(estimate, se, df, policy.limit(metric))
+    test = _Test(estimate, se, df, policy.limit(metric), exact=spec.repeats_exactly)
     result.p_pass, result.p_fail = test.pvalues(spec.higher_is_better)
     return result, test
 
