@@ -13,6 +13,8 @@ the same arm's; its 95 % t interval is the carryover. With ``--paired``: the sd 
 log ratio, the per-level paired sd the gate's cells see (issue #27's target ≤ 0.02).
 
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/probe --levels 60 --paired --pin other
+    PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/mp --levels 40 --paired \
+        --env VLLM_ENABLE_V1_MULTIPROCESSING=1      # vLLM's mp executor (the default's before 2026-12-05 night)
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --analyse results/carryover/*.json
 """
 
@@ -52,6 +54,16 @@ def _cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def _pin_engine(pid: int, core: int) -> None:
+    """Bind every thread of the server's EngineCore process (and its children) to ``core``."""
+    import psutil
+
+    for proc in psutil.Process(pid).children(recursive=True):
+        if "EngineCore" in proc.name() or "Worker" in proc.name():
+            for thread in proc.threads():
+                os.sched_setaffinity(thread.id, {core})
+
+
 def probe(args: argparse.Namespace) -> list[dict]:
     """Run the probe (module docstring); returns and writes ``OUT/rows.json``."""
     from harness.compare import CompareRequest, aa_overrides, build_plan
@@ -76,11 +88,13 @@ def probe(args: argparse.Namespace) -> list[dict]:
         for arm in plan.arms:
             port = free_port()
             argv = arm.server_argv(port)
-            if args.pin != "none":   # other: the API server (and its engine) on the other arm's core; own: its own
+            if args.pin in ("other", "own"):   # other: the API server (and its engine) on the other arm's core; own: its own
                 argv = ["taskset", "-c", str(CORES[arm.name] if args.pin == "own" else 1 - CORES[arm.name])] + argv
             env = {**os.environ, **arm.server_env, **slot_for(0, arm.name, slots, False).env(), **extra}
             server = VllmServer(argv, env, port, arm.served_model_name, out / f"{arm.name}.log")
             print(arm.name, "ready in", round(server.start(600), 1), "s", flush=True)
+            if args.pin == "engine":   # every thread of the EngineCore on the arm's own core (uni executor)
+                _pin_engine(server.proc.pid, CORES[arm.name])
             servers[arm.name] = (arm, server)
         for name in (servers if args.two_clients else ["one"]):
             clients[name] = LoadClient(dict(os.environ), out / f"client-{name}.log")
@@ -148,8 +162,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--paired", action="store_true", help="both arms every round, in a random order")
-    ap.add_argument("--pin", choices=("none", "other", "own"), default="none",
-                    help="taskset each server: on the other arm's core, on its own, or not at all")
+    ap.add_argument("--pin", choices=("none", "other", "own", "engine"), default="none",
+                    help="taskset each server: on the other arm's core, on its own, or not at all; engine: bind "
+                         "each EngineCore's threads to the arm's core once it is up")
     ap.add_argument("--two-clients", action="store_true", help="one load-client process per arm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for both servers")

@@ -1,0 +1,59 @@
+"""Per-level paired spread of A/A runs (issue #27's figure): the sd of candidate − baseline log output throughput and
+log server TPOT per level, over every session block of the given run directories, with its 95 % χ² interval.
+
+The unit is the session block (one fresh pair of servers; ``levels.csv`` ``round`` within a run, each run's blocks
+its own). Pooled: the root mean square of the per-level sds (the levels weigh equally). Issue #27's target: ≤ 0.02
+per level over ≥ 12 blocks.
+
+    PYTHONPATH=. .venv/bin/python scripts/aa_level_spread.py RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+METRICS = ("output_throughput", "server_mean_tpot_ms")
+
+
+def paired_log_ratios(run_dirs: list[Path]) -> pd.DataFrame:
+    """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`."""
+    parts = []
+    for run in run_dirs:
+        levels = pd.read_csv(run / "levels.csv")
+        wide = levels.pivot_table(index=["level", "round"], columns="arm", values=list(METRICS)).dropna()
+        ratios = pd.DataFrame({m: np.log(wide[m]["candidate"] / wide[m]["baseline"]) for m in METRICS})
+        parts.append(ratios.reset_index().assign(run=run.name))
+    return pd.concat(parts, ignore_index=True)
+
+
+def spread_table(ratios: pd.DataFrame) -> pd.DataFrame:
+    """Per level and metric: blocks, sd and its 95 % χ² interval; a last row pools the levels (root mean square)."""
+    rows = []
+    for level, group in ratios.groupby("level"):
+        row = {"level": level, "blocks": len(group)}
+        for metric in METRICS:
+            sd, dof = group[metric].std(ddof=1), len(group) - 1
+            row[metric] = f"{sd:.3f} [{sd * np.sqrt(dof / stats.chi2.ppf(0.975, dof)):.3f}, " \
+                          f"{sd * np.sqrt(dof / stats.chi2.ppf(0.025, dof)):.3f}]"
+            row[f"_{metric}"] = sd
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    pooled = {"level": "pooled (rms)", "blocks": int(table.blocks.sum())}
+    for metric in METRICS:
+        pooled[metric] = f"{np.sqrt((table[f'_{metric}'] ** 2).mean()):.3f}"
+    return pd.concat([table, pd.DataFrame([pooled])], ignore_index=True)[["level", "blocks", *METRICS]]
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("aa_level_spread: give one or more run directories")
+    print(spread_table(paired_log_ratios([Path(arg) for arg in sys.argv[1:]])).to_markdown(index=False))
+
+
+if __name__ == "__main__":
+    main()
