@@ -72,6 +72,17 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 # ----------------------------------------------------------------------------------------------------- RunDir
 
+_LOCKS: dict[Path, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock_for(path: Path) -> threading.Lock:
+    """One lock per run directory in this process, shared by every :class:`RunDir` of it: a duet's two arms, or the
+    two arms' GSM8K threads, each build their own ``RunDir`` of the same directory and write its files at once."""
+    key = path.resolve()
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(key, threading.Lock())
+
 
 class RunDir:
     """A run directory ``results/<run-id>/``: typed, atomic reads and writes of every file in it."""
@@ -79,7 +90,7 @@ class RunDir:
     def __init__(self, path: Path | str):
         self.path = Path(path)
         self._raw_manifest: dict[str, Any] | None = None
-        self._write_lock = threading.Lock()   # a duet appends both arms' rows from two threads
+        self._write_lock = _write_lock_for(self.path)   # read-modify-write of a file: one writer at a time
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -262,10 +273,12 @@ class RunDir:
         self._append(schema.REQUESTS, [_row(RequestRow, row) for row in rows], REQUEST_COLUMNS)
 
     def replace_accuracy_rows(self, arm: str, rows: Iterable[AccuracyRow | Mapping[str, Any]]) -> None:
-        """``accuracy.csv`` with ``arm``'s earlier rows replaced by ``rows``."""
-        kept = [row for row in self.accuracy_rows() if row["arm"] != arm]
+        """``accuracy.csv`` with ``arm``'s earlier rows replaced by ``rows`` (the arms' GSM8K threads may finish at
+        once: the read and the write hold the directory's write lock)."""
         fresh = [_row(AccuracyRow, row) for row in rows]
-        atomic_write_text(self.file(schema.ACCURACY), rows_to_csv([*kept, *fresh], ACCURACY_COLUMNS))
+        with self._write_lock:
+            kept = [row for row in self.accuracy_rows() if row["arm"] != arm]
+            atomic_write_text(self.file(schema.ACCURACY), rows_to_csv([*kept, *fresh], ACCURACY_COLUMNS))
 
     def keep_levels(self, done: set[tuple[str, LevelKey]]) -> None:
         """Cut ``levels.csv`` and ``requests.csv`` back to the rows of the ``done`` (arm, level) pairs, rewriting
