@@ -70,15 +70,12 @@ def bind_process(cores: tuple[int, ...]) -> None:
             continue
 
 
-def apply(env: MutableMapping[str, str], process: str, set_num_threads: Callable[[int], None]) -> tuple[int, ...] | None:
-    """Bind this process when :func:`cores_to_bind` says so; returns the cores bound, or None.
+def apply(env: MutableMapping[str, str], cores: tuple[int, ...], set_num_threads: Callable[[int], None]) -> None:
+    """Bind this process to ``cores`` (what :func:`cores_to_bind` returned): every thread's affinity,
+    ``OMP_NUM_THREADS`` unless set, and torch's intra-op thread count.
 
     ``set_num_threads``: ``torch.set_num_threads`` (passed in: this module stays free of torch, so the harness's pure
     placement layer can share :func:`parse_id_list`)."""
-    cores = cores_to_bind(env, process)
-    if cores is None:
-        return None
     bind_process(cores)
     env.setdefault("OMP_NUM_THREADS", str(len(cores)))
     set_num_threads(int(env["OMP_NUM_THREADS"]))
-    return cores

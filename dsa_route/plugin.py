@@ -404,11 +404,11 @@ def register() -> None:
             from dsa_route import cpu_gc_fix, engine_bind
 
             cpu_gc_fix.apply()
-            process = multiprocessing.current_process().name
-            if engine_bind.cores_to_bind(os.environ, process):
+            bound = engine_bind.cores_to_bind(os.environ, multiprocessing.current_process().name)
+            if bound:
                 import torch
 
-                bound = engine_bind.apply(os.environ, process, torch.set_num_threads)
+                engine_bind.apply(os.environ, bound, torch.set_num_threads)
         except Exception:  # noqa: BLE001 — the plugin must never take vLLM down
             pass
     if result is None:

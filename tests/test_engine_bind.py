@@ -42,9 +42,10 @@ def test_apply_binds_every_thread_and_torch_threads_in_a_child_process():
     core = max(os.sched_getaffinity(0))
     script = """
 import json, os, threading, torch
-from dsa_route.engine_bind import apply
+from dsa_route.engine_bind import apply, cores_to_bind
 early = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True); early.start()
-bound = apply(os.environ, "EngineCore", torch.set_num_threads)
+bound = cores_to_bind(os.environ, "EngineCore")
+apply(os.environ, bound, torch.set_num_threads)
 late = []
 t = threading.Thread(target=lambda: late.append(sorted(os.sched_getaffinity(0)))); t.start(); t.join()
 tasks = {int(x): sorted(os.sched_getaffinity(int(x))) for x in os.listdir("/proc/self/task")}
