@@ -5,11 +5,18 @@ The unit is the session block (one fresh pair of servers; ``levels.csv`` ``round
 its own). Pooled: the root mean square of the per-level sds (the levels weigh equally). Issue #27's target: ≤ 0.02
 per level over ≥ 12 blocks.
 
+With ``--components`` it splits the paired spread of log output throughput per level into the session block's common
+offset (the sd over blocks of the mean over its levels, less that mean's share of the level noise) and the rest, the
+level's own (its requests' share of that: scripts/paired_requests.py). A directory holds ``levels.csv`` (or
+``levels.csv.gz``; the recorded A/A runs: results/carryover/aa-uni/).
+
     PYTHONPATH=. .venv/bin/python scripts/aa_level_spread.py RUN_DIR [RUN_DIR ...]
+    PYTHONPATH=. .venv/bin/python scripts/aa_level_spread.py --components results/carryover/aa-uni/*
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -20,11 +27,17 @@ from scipy import stats
 METRICS = ("output_throughput", "server_mean_tpot_ms")
 
 
+def _read(run: Path, name: str) -> pd.DataFrame:
+    """``run/name``, or its gzipped copy ``run/name.gz``."""
+    path = run / name
+    return pd.read_csv(path if path.exists() else path.with_name(name + ".gz"))
+
+
 def paired_log_ratios(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`."""
     parts = []
     for run in run_dirs:
-        levels = pd.read_csv(run / "levels.csv")
+        levels = _read(run, "levels.csv")
         wide = levels.pivot_table(index=["level", "round"], columns="arm", values=list(METRICS)).dropna()
         ratios = pd.DataFrame({m: np.log(wide[m]["candidate"] / wide[m]["baseline"]) for m in METRICS})
         parts.append(ratios.reset_index().assign(run=run.name))
@@ -49,10 +62,28 @@ def spread_table(ratios: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([table, pd.DataFrame([pooled])], ignore_index=True)[["level", "blocks", *METRICS]]
 
 
+def components_table(run_dirs: list[Path]) -> pd.DataFrame:
+    """Per level (``--components``, module docstring): measured paired sd of log output throughput, the block offset
+    and the level's own rest (root of the variance left); sds on the log scale."""
+    ratios = paired_log_ratios(run_dirs).set_index(["run", "round", "level"])["output_throughput"]
+    blocks = ratios.groupby(["run", "round"]).mean()
+    levels = ratios.index.get_level_values("level").nunique()
+    measured = ratios.groupby("level").std()
+    block = math.sqrt(max(blocks.var() - (measured ** 2).mean() / levels, 0.0))
+    table = pd.DataFrame({"measured": measured, "block offset": block})
+    table["level's own"] = np.sqrt((measured ** 2 - block ** 2).clip(lower=0))
+    return table.round(3).reset_index()
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
+    args = [arg for arg in sys.argv[1:] if arg != "--components"]
+    if not args:
         sys.exit("aa_level_spread: give one or more run directories")
-    print(spread_table(paired_log_ratios([Path(arg) for arg in sys.argv[1:]])).to_markdown(index=False))
+    runs = [Path(arg) for arg in args]
+    if "--components" in sys.argv:
+        print(components_table(runs).to_markdown(index=False))
+        return
+    print(spread_table(paired_log_ratios(runs)).to_markdown(index=False))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ log ratio, the per-level paired sd the gate's cells see (issue #27's target ≤ 
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/probe --levels 60 --paired --pin other
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/mp --levels 40 --paired \
         --env VLLM_ENABLE_V1_MULTIPROCESSING=1      # vLLM's mp executor (the default's before 2026-12-05 night)
+    PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/same --levels 40 --paired --concurrency 1 \
+        --pin samecore                      # or --serve-arg=--num-gpu-blocks-override=64 (a 64-block KV pool)
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --analyse results/carryover/*.json
 """
 
@@ -83,11 +85,14 @@ def probe(args: argparse.Namespace) -> list[dict]:
     level = next(iter(plan.scenario.workload.levels()))
     slots = plan.scenario.cluster.slots([arm.name for arm in plan.arms])
     extra = dict(item.split("=", 1) for item in args.env)
+    if args.pin == "samecore":   # both engines on core 0 (the plugin binds them); API servers and client on core 1
+        os.sched_setaffinity(0, {1})
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = "0"
     servers, clients, rows = {}, {}, []
     try:
         for arm in plan.arms:
             port = free_port()
-            argv = arm.server_argv(port)
+            argv = arm.server_argv(port) + args.serve_arg
             if args.pin in ("other", "own"):   # other: the API server (and its engine) on the other arm's core; own: its own
                 argv = ["taskset", "-c", str(CORES[arm.name] if args.pin == "own" else 1 - CORES[arm.name])] + argv
             env = {**os.environ, **arm.server_env, **slot_for(0, arm.name, slots, False).env(), **extra}
@@ -162,12 +167,14 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--paired", action="store_true", help="both arms every round, in a random order")
-    ap.add_argument("--pin", choices=("none", "other", "own", "engine"), default="none",
+    ap.add_argument("--pin", choices=("none", "other", "own", "engine", "samecore"), default="none",
                     help="taskset each server: on the other arm's core, on its own, or not at all; engine: bind "
-                         "each EngineCore's threads to the arm's core once it is up")
+                         "each EngineCore's threads to the arm's core once it is up; samecore: both engines on "
+                         "core 0, the API servers and the client on core 1")
     ap.add_argument("--two-clients", action="store_true", help="one load-client process per arm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for both servers")
+    ap.add_argument("--serve-arg", action="append", default=[], help="an extra `vllm serve` argument for both servers")
     ap.add_argument("--analyse", nargs="+", metavar="ROWS", help="analyse recorded rows.json files instead")
     args = ap.parse_args()
     if args.analyse:

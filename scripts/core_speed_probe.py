@@ -21,6 +21,16 @@ machine (if the work is the engine's kind: one thread, small matrices in cache).
     PYTHONPATH=. .venv/bin/python scripts/core_speed_probe.py --rounds 40 --size 1024 --batch 4 --matmuls 1400 \
         --out results/carryover/core-speed-l3.json
     PYTHONPATH=. .venv/bin/python scripts/core_speed_probe.py --analyse results/carryover/core-speed.json
+
+``--fresh-processes N`` asks instead what a fresh process costs: N processes started one after the other, each
+pinned to core 1, time the same fixed work (3 windows, their median); the sd of their log times is the per-process
+speed offset a fresh server session draws. ``--no-aslr`` starts each under ``setarch -R`` (the kernel's address
+space layout randomisation off for it): if the offsets shrink, they are the code and data layout each process draws
+(Mytkowicz et al. 2009, "Producing wrong data without doing anything obviously wrong!", ASPLOS; Curtsinger & Berger
+2013, "STABILIZER", ASPLOS).
+
+    PYTHONPATH=. .venv/bin/python scripts/core_speed_probe.py --fresh-processes 10 --size 32 --batch 1 \
+        --matmuls 300000 --out results/carryover/process-offsets-aslr.json          # and again with --no-aslr
 """
 
 from __future__ import annotations
@@ -103,6 +113,39 @@ def probe(args: argparse.Namespace) -> dict:
     return {"args": {k: v for k, v in vars(args).items() if k != "analyse"}, "pairings": rows}
 
 
+def _one_process(size: int, batch: int, matmuls: int) -> float:
+    """This process, pinned to core 1 with one torch thread: the median wall seconds of 3 windows of the fixed work."""
+    import torch
+
+    os.sched_setaffinity(0, {1})
+    torch.set_num_threads(1)
+    a, b = torch.randn(size, size), torch.randn(size, batch)
+    for _ in range(20000):                                # warm-up: caches, allocator
+        a @ b
+    walls = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(matmuls):
+            a @ b
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls)
+
+
+def process_offsets(args: argparse.Namespace) -> dict:
+    """``--fresh-processes`` (module docstring): each process's median window seconds and their spread."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, __file__, "--one-process", "--size", str(args.size), "--batch", str(args.batch or args.size),
+            "--matmuls", str(args.matmuls)]
+    walls = [float(subprocess.run((["setarch", "-R"] if args.no_aslr else []) + argv, check=True,
+                                  capture_output=True, text=True).stdout) for _ in range(args.fresh_processes)]
+    logs = [math.log(w) for w in walls]
+    return {"args": {k: v for k, v in vars(args).items() if k != "analyse"}, "walls_s": walls,
+            "analysis": {"processes": len(walls), "sd_log_wall": round(statistics.stdev(logs), 4),
+                         "range_log_wall": round(max(logs) - min(logs), 4)}}
+
+
 def analyse(record: dict) -> dict[str, dict[str, float]]:
     """Per pairing: the sd over rounds of the paired log wall ratio and of the CPU-time ratio, its lag-1
     autocorrelation, the sd of each side's own log wall time, and the windows' median length."""
@@ -135,14 +178,24 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--spin-other", action="store_true",
                     help="while a window computes, busy-poll sched_yield on the other core (the EngineCore's loop)")
+    ap.add_argument("--fresh-processes", type=int, default=0, help="time N fresh processes instead (docstring)")
+    ap.add_argument("--no-aslr", action="store_true", help="start each fresh process under setarch -R")
+    ap.add_argument("--one-process", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help="write the rows and the analysis here (JSON)")
     ap.add_argument("--analyse", help="print the analysis of a recorded JSON")
     args = ap.parse_args()
-    if args.analyse:
-        print(json.dumps(analyse(json.loads(Path(args.analyse).read_text())), indent=1))
+    if args.one_process:
+        print(_one_process(args.size, args.batch or args.size, args.matmuls))
         return
-    record = probe(args)
-    record["analysis"] = analyse(record)
+    if args.analyse:
+        record = json.loads(Path(args.analyse).read_text())
+        print(json.dumps(record["analysis"] if "walls_s" in record else analyse(record), indent=1))
+        return
+    if args.fresh_processes:
+        record = process_offsets(args)
+    else:
+        record = probe(args)
+        record["analysis"] = analyse(record)
     print(json.dumps(record["analysis"], indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(record))
