@@ -7,8 +7,8 @@ per level over ≥ 12 blocks.
 
 With ``--components`` it splits the paired spread of log output throughput per level into the session block's common
 offset (the sd over blocks of the mean over its levels, less that mean's share of the level noise) and the rest, the
-level's own (its requests' share of that: scripts/paired_requests.py). A directory holds ``levels.csv`` (or
-``levels.csv.gz``; the recorded A/A runs: results/carryover/aa-uni/).
+level's own (its requests' share of that: scripts/paired_requests.py). A directory holds a run's ``levels.csv`` (the
+recorded A/A runs: results/carryover/aa-uni/, aa-shuffled/, aa-no-aslr/).
 
     PYTHONPATH=. .venv/bin/python scripts/aa_level_spread.py RUN_DIR [RUN_DIR ...]
     PYTHONPATH=. .venv/bin/python scripts/aa_level_spread.py --components results/carryover/aa-uni/*
@@ -27,17 +27,11 @@ from scipy import stats
 METRICS = ("output_throughput", "server_mean_tpot_ms")
 
 
-def _read(run: Path, name: str) -> pd.DataFrame:
-    """``run/name``, or its gzipped copy ``run/name.gz``."""
-    path = run / name
-    return pd.read_csv(path if path.exists() else path.with_name(name + ".gz"))
-
-
 def paired_log_ratios(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`."""
     parts = []
     for run in run_dirs:
-        levels = _read(run, "levels.csv")
+        levels = pd.read_csv(run / "levels.csv")
         wide = levels.pivot_table(index=["level", "round"], columns="arm", values=list(METRICS)).dropna()
         ratios = pd.DataFrame({m: np.log(wide[m]["candidate"] / wide[m]["baseline"]) for m in METRICS})
         parts.append(ratios.reset_index().assign(run=run.name))
