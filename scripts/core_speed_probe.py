@@ -46,16 +46,23 @@ import time
 from pathlib import Path
 
 
-def _worker(core: int, size: int, batch: int, matmuls: int, jobs, results) -> None:
-    """One pinned process: for each job, ``matmuls`` products of a ``size × size`` float32 matrix with a
-    ``size × batch`` one; puts ``(wall_s, cpu_s)``."""
+def _pinned_operands(core: int, size: int, batch: int, warmups: int):
+    """Pin this process to ``core`` with one torch thread; a ``size × size`` and a ``size × batch`` float32 matrix,
+    their product taken ``warmups`` times first (caches, allocator)."""
     import torch
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     a, b = torch.randn(size, size), torch.randn(size, batch)
-    for _ in range(20):                                   # warm-up: caches, allocator
+    for _ in range(warmups):
         a @ b
+    return a, b
+
+
+def _worker(core: int, size: int, batch: int, matmuls: int, jobs, results) -> None:
+    """One pinned process: for each job, ``matmuls`` products of a ``size × size`` float32 matrix with a
+    ``size × batch`` one; puts ``(wall_s, cpu_s)``."""
+    a, b = _pinned_operands(core, size, batch, 20)
     while jobs.get() is not None:
         start_wall, start_cpu = time.perf_counter(), time.thread_time()
         for _ in range(matmuls):
@@ -115,13 +122,7 @@ def probe(args: argparse.Namespace) -> dict:
 
 def _one_process(size: int, batch: int, matmuls: int) -> float:
     """This process, pinned to core 1 with one torch thread: the median wall seconds of 3 windows of the fixed work."""
-    import torch
-
-    os.sched_setaffinity(0, {1})
-    torch.set_num_threads(1)
-    a, b = torch.randn(size, size), torch.randn(size, batch)
-    for _ in range(20000):                                # warm-up: caches, allocator
-        a @ b
+    a, b = _pinned_operands(1, size, batch, 20000)
     walls = []
     for _ in range(3):
         start = time.perf_counter()
