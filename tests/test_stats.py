@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness.judge import stats
+from harness.judge import paired_accuracy, stats
 
 
 def _repeats(rng, values_per_repeat, repeats, scale=1.0, sd=0.05):
@@ -155,21 +155,21 @@ def test_holm_test_agrees_with_adjusted_pvalues():
 def test_mcnemar_exact_is_a_binomial_test_on_discordant_pairs():
     base = np.array([1] * 50 + [1] * 10 + [0] * 2 + [0] * 8, dtype=bool)
     cand = np.array([1] * 50 + [0] * 10 + [1] * 2 + [0] * 8, dtype=bool)
-    result = stats.mcnemar_exact(base, cand)
+    result = paired_accuracy.mcnemar_exact(base, cand)
     assert (result.baseline_only, result.candidate_only, result.both, result.neither) == (10, 2, 50, 8)
     assert result.p_value == pytest.approx(2 * (1 + 12 + 66) / 4096)   # 2·P(X ≤ 2), X ~ Bin(12, ½)
-    assert stats.mcnemar_exact(base, base).p_value == 1.0
+    assert paired_accuracy.mcnemar_exact(base, base).p_value == 1.0
 
 
 def test_paired_difference_uses_agresti_min():
     base = np.array([1] * 80 + [1] * 6 + [0] * 4 + [0] * 10)
     cand = np.array([1] * 80 + [0] * 6 + [1] * 4 + [0] * 10)
-    diff = stats.paired_difference(base, cand)
+    diff = paired_accuracy.paired_difference(base, cand)
     assert diff.difference == pytest.approx(-0.02)
     b, c, n = 6.5, 4.5, 102.0
     assert diff.adjusted == pytest.approx((c - b) / n)
     assert diff.se == pytest.approx(math.sqrt((b + c) - (c - b) ** 2 / n) / n)
-    same = stats.paired_difference(np.ones(1319), np.ones(1319))
+    same = paired_accuracy.paired_difference(np.ones(1319), np.ones(1319))
     assert same.difference == 0 and 0 < same.se < 0.001          # no zero-width interval when the arms agree
 
 
@@ -178,12 +178,12 @@ def test_samples_needed_is_where_tangos_test_rejects_at_the_observed_rates():
     Wald standard error, while at n = 129 the cell's own test (Tango's) still did not PASS. Now the advice is the
     smallest n at which Tango's test, the rates held, rejects — checked here by scaling the counts."""
     b, c, n, limit, level = 3, 5, 128, -0.01, 0.05
-    assert stats.tango_pvalues(b, c, n, limit)[0] > level                        # undecided now
-    need = stats.samples_needed(b, c, n, limit, level)
-    at = lambda m: stats.tango_pvalues(b * m / n, c * m / n, m, limit)[0]       # noqa: E731
+    assert paired_accuracy.tango_pvalues(b, c, n, limit)[0] > level                        # undecided now
+    need = paired_accuracy.samples_needed(b, c, n, limit, level)
+    at = lambda m: paired_accuracy.tango_pvalues(b * m / n, c * m / n, m, limit)[0]       # noqa: E731
     assert at(need) <= level + 1e-12 < at(need - 1)
-    assert stats.samples_needed(5, 3, 128, limit, level) > need                   # leaning to FAIL: farther
-    assert stats.samples_needed(0, 30, 128, limit, level) == 128                  # already rejects
+    assert paired_accuracy.samples_needed(5, 3, 128, limit, level) > need                   # leaning to FAIL: farther
+    assert paired_accuracy.samples_needed(0, 30, 128, limit, level) == 128                  # already rejects
 
 
 def test_tango_restricted_mle_maximises_the_constrained_likelihood():
@@ -193,7 +193,7 @@ def test_tango_restricted_mle_maximises_the_constrained_likelihood():
     loglik = lambda x: -(b * math.log(x) + c * math.log(x + delta) + (n - b - c) * math.log(1 - 2 * x - delta))  # noqa: E731
     best = minimize_scalar(loglik, bounds=(-delta + 1e-9, (1 - delta) / 2 - 1e-9), method="bounded",
                            options={"xatol": 1e-12}).x
-    z = stats.tango_z(b, c, n, delta)
+    z = paired_accuracy.tango_z(b, c, n, delta)
     assert z == pytest.approx((c - b - n * delta) / math.sqrt(n * (2 * best + delta * (1 - delta))), rel=1e-6)
 
 
@@ -208,7 +208,7 @@ def test_tango_pass_size_at_the_margin_is_at_most_alpha_where_the_wald_was_not(n
 
 def test_tango_interval_agrees_with_its_test():
     b, c, n = 9, 4, 1319
-    low, high = stats.tango_interval(b, c, n, 0.05)
-    assert stats.tango_pvalues(b, c, n, low)[0] == pytest.approx(0.05, abs=1e-6)
-    assert stats.tango_pvalues(b, c, n, low - 1e-4)[0] < 0.05 < stats.tango_pvalues(b, c, n, low + 1e-4)[0]
+    low, high = paired_accuracy.tango_interval(b, c, n, 0.05)
+    assert paired_accuracy.tango_pvalues(b, c, n, low)[0] == pytest.approx(0.05, abs=1e-6)
+    assert paired_accuracy.tango_pvalues(b, c, n, low - 1e-4)[0] < 0.05 < paired_accuracy.tango_pvalues(b, c, n, low + 1e-4)[0]
     assert low < (c - b) / n < high

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from harness.judge import advice, design_costs, planning, sequential, stalls, stats
+from harness.judge import advice, design_costs, paired_accuracy, planning, sequential, stalls, stats
 from harness.judge.cell_result import EXACT, ZERO_SPREAD, CellResult
 from harness.judge.cells import CellInput, build_cells
 from harness.judge.policy import METRICS, RECOMMENDED_REPEATS, SEVERITY, GatePolicy, Metric, Status
@@ -62,8 +62,8 @@ def _estimate(cell: CellInput, policy: GatePolicy, n_resamples: int, seed: int) 
     if spec.source == "accuracy":
         assert cell.correct is not None
         base, cand = cell.correct
-        diff = stats.paired_difference(base, cand)
-        test = stats.mcnemar_exact(base, cand)
+        diff = paired_accuracy.paired_difference(base, cand)
+        test = paired_accuracy.mcnemar_exact(base, cand)
         result.baseline, result.candidate = 100 * diff.baseline, 100 * diff.candidate
         result.delta = 100 * diff.difference
         result.n_baseline = result.n_candidate = diff.n
@@ -105,7 +105,7 @@ class _Test:
     """A cell's test on its scale: ``estimate`` (log ratio, or proportion difference), ``se``, ``df`` (inf: normal),
     the margin ``limit``; ``score = (b, c, n)`` for an accuracy cell, tested by Tango's score test instead of the
     Wald statistic (``se``, Agresti–Min's, is then not used: the interval, the p-values and the questions a decision
-    needs, :func:`harness.judge.stats.samples_needed`, all come from the score test)."""
+    needs, :func:`harness.judge.paired_accuracy.samples_needed`, all come from the score test)."""
 
     estimate: float
     se: float
@@ -117,13 +117,13 @@ class _Test:
     def pvalues(self, higher_is_better: bool) -> tuple[float, float]:
         """``(p_pass, p_fail)`` against the margin."""
         if self.score is not None:
-            return stats.tango_pvalues(*self.score, self.limit)
+            return paired_accuracy.tango_pvalues(*self.score, self.limit)
         return stats.noninferiority_pvalues(self.estimate, self.se, self.df, self.limit, higher_is_better, self.exact)
 
     def interval(self, level: float) -> tuple[float, float]:
         """Two-sided interval at confidence ``1 − 2 level`` that agrees with :meth:`pvalues` at ``level``."""
         if self.score is not None:
-            return stats.tango_interval(*self.score, level)
+            return paired_accuracy.tango_interval(*self.score, level)
         return stats.interval(self.estimate, self.se, self.df, level)
 
 
@@ -224,7 +224,7 @@ def decide(cells: Sequence[CellInput], policy: GatePolicy, *, n_resamples: int |
                 result.status = Status.INCONCLUSIVE
                 level = alpha if result.p_pass <= result.p_fail else float(levels[k])
                 if test.score is not None:
-                    result.samples_needed = stats.samples_needed(*test.score, test.limit, level)
+                    result.samples_needed = paired_accuracy.samples_needed(*test.score, test.limit, level)
                 else:
                     result.repeats_needed = advice.sessions_to_pass(test.se, test.df, result.repeats, test.limit,
                                                               policy.alpha)

@@ -24,7 +24,7 @@ Run-dir files::
 
 Statistics (per filter): accuracy ``p = mean(correct)``; stderr ``sqrt(Σ(x − p)² / (n − 1)) / sqrt(n)``, lm-eval's
 ``mean_stderr`` (``lm_eval/api/metrics.py``); paired difference ``candidate − baseline`` in points; exact McNemar
-(:func:`harness.judge.stats.mcnemar_exact`): ``b`` = right in baseline only, ``c`` = right in candidate only,
+(:func:`harness.judge.paired_accuracy.mcnemar_exact`): ``b`` = right in baseline only, ``c`` = right in candidate only,
 ``p = min(1, 2·P(X ≤ min(b, c)))``, ``X ~ Binomial(b + c, ½)``.
 """
 
@@ -336,7 +336,7 @@ def paired(rows: Sequence[Mapping[str, Any]], filter_name: str, arms: tuple[str,
     """
     import numpy as np
 
-    from harness.judge.stats import mcnemar_exact
+    from harness.judge.paired_accuracy import mcnemar_exact
 
     by_arm = {arm: {row["question_id"]: row for row in rows if row["arm"] == arm and row["filter"] == filter_name}
               for arm in arms}

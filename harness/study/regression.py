@@ -250,7 +250,7 @@ def accuracy_size(n: int, discordance: float, margin: float = -0.01) -> dict[str
     counts ``(b, c)`` (and the old Agresti–Min Wald's, for comparison)."""
     from scipy.stats import multinomial, norm
 
-    from harness.judge import stats
+    from harness.judge import paired_accuracy
 
     p10, p01 = (discordance - margin) / 2, (discordance + margin) / 2
     z = norm.ppf(0.95)
@@ -261,7 +261,7 @@ def accuracy_size(n: int, discordance: float, margin: float = -0.01) -> dict[str
             prob = multinomial.pmf([b, c, n - b - c], n, [p10, p01, 1 - p10 - p01])
             if prob < 1e-15:
                 continue
-            if stats.tango_z(b, c, n, margin) > z:
+            if paired_accuracy.tango_z(b, c, n, margin) > z:
                 size_score += prob
             bb, cc, na = b + 0.5, c + 0.5, n + 2.0
             se = math.sqrt(max(bb + cc - (cc - bb) ** 2 / na, 0.0)) / na
