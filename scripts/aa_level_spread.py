@@ -16,8 +16,8 @@ recorded A/A runs: results/carryover/aa-uni/, aa-shuffled/, aa-no-aslr/).
 
 from __future__ import annotations
 
+import argparse
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -70,14 +70,15 @@ def components_table(run_dirs: list[Path]) -> pd.DataFrame:
 
 
 def main() -> None:
-    args = [arg for arg in sys.argv[1:] if arg != "--components"]
-    if not args:
-        sys.exit("aa_level_spread: give one or more run directories")
-    runs = [Path(arg) for arg in args]
-    if "--components" in sys.argv:
-        print(components_table(runs).to_markdown(index=False))
-        return
-    print(spread_table(paired_log_ratios(runs)).to_markdown(index=False))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="a run directory holding levels.csv")
+    ap.add_argument("--components", action="store_true", help="the block offset and the level's own part")
+    args = ap.parse_args()
+    missing = [str(run) for run in args.runs if not (run / "levels.csv").is_file()]
+    if missing:
+        ap.error(f"no levels.csv in {', '.join(missing)}: give run directories (results/<run-id>/)")
+    table = components_table(args.runs) if args.components else spread_table(paired_log_ratios(args.runs))
+    print(table.to_markdown(index=False))
 
 
 if __name__ == "__main__":
