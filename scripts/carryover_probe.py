@@ -4,8 +4,9 @@ Both arms of the CPU default (`cpu-tiny-dsa`) are made A/A copies of the baselin
 and stay up for the whole probe, in one server session each; one level (random 64 in / 32 out, concurrency
 ``--concurrency``, ``--prompts`` prompts) is sent ``--levels`` times to an arm drawn by a seeded coin — or, with
 ``--paired``, to both arms of each round in a random order. The unit is the level. Per level it records output
-throughput, the server's TPOT, engine steps/s, tokens per step, each process's CPU time per output token and the
-host's 1-minute load.
+throughput, the server's TPOT, engine steps/s, tokens per step, each process's CPU time per output token, its start
+and end (Unix s) and the host's 1-minute load. ``--profile`` records each level's EngineCore with ``py-spy`` into
+``OUT/prof-<step>.txt`` (``scripts/profile_levels.py`` reads them).
 
 Analysis (``--analyse ROWS.json ...`` recomputes it from recorded rows): OLS of log y on
 ``arm + after_own + step`` (first level left out: it has no predecessor), ``after_own`` = the previous level was
@@ -17,6 +18,8 @@ log ratio, the per-level paired sd the gate's cells see (issue #27's target ≤ 
         --env VLLM_ENABLE_V1_MULTIPROCESSING=1      # vLLM's mp executor (the default's before 2026-12-05 night)
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/same --levels 40 --paired --concurrency 1 \
         --pin samecore                      # or --serve-arg=--num-gpu-blocks-override=64 (a 64-block KV pool)
+    PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --out /tmp/prof1 --levels 40 --paired --concurrency 1 \
+        --profile                           # or --pin mainthread, --prompts 4 --levels 160, --env VLLM_GC_DEBUG=1
     PYTHONPATH=. .venv/bin/python scripts/carryover_probe.py --analyse results/carryover/*.json
 """
 
@@ -27,7 +30,10 @@ import json
 import math
 import os
 import random
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +41,7 @@ from scipy import stats
 
 METRICS = ("tput", "tpot", "steps_per_s", "tps", "worker_ms_tok")
 CORES = {"baseline": 0, "candidate": 1}
+PY_SPY = Path(sys.executable).with_name("py-spy")
 CPU_COLUMNS = {"Worker": "worker_ms_tok", "EngineCore": "core_ms_tok", "api": "api_ms_tok"}   # ms per output token
 
 
@@ -64,6 +71,32 @@ def _pin_engine(pid: int, core: int) -> None:
         if "EngineCore" in proc.name() or "Worker" in proc.name():
             for thread in proc.threads():
                 os.sched_setaffinity(thread.id, {core})
+
+
+def _engine_pid(pid: int) -> int:
+    """The pid of the server's EngineCore process."""
+    import psutil
+
+    return next(p.pid for p in psutil.Process(pid).children(recursive=True) if "EngineCore" in p.name())
+
+
+def _pin_main_thread(pid: int, core: int) -> None:
+    """The EngineCore's main thread (the model's steps) alone on ``core``; its other threads (ZMQ I/O, the input and
+    output socket threads) on the other core."""
+    import psutil
+
+    engine = psutil.Process(_engine_pid(pid))
+    for thread in engine.threads():
+        os.sched_setaffinity(thread.id, {core if thread.id == engine.pid else 1 - core})
+
+
+def _profiler(pid: int, path: Path) -> subprocess.Popen:
+    """``py-spy record`` of the server's EngineCore (collapsed stacks, 250 Hz, not pausing it) into ``path``, running
+    until SIGINT; started ≈ 1 s before the level it profiles."""
+    proc = subprocess.Popen([str(PY_SPY), "record", "--pid", str(_engine_pid(pid)), "--format", "raw", "--rate", "250",
+                             "--nonblocking", "-o", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    return proc
 
 
 def probe(args: argparse.Namespace) -> list[dict]:
@@ -100,6 +133,8 @@ def probe(args: argparse.Namespace) -> list[dict]:
             print(arm.name, "ready in", round(server.start(600), 1), "s", flush=True)
             if args.pin == "engine":   # every thread of the EngineCore on the arm's own core (uni executor)
                 _pin_engine(server.proc.pid, CORES[arm.name])
+            if args.pin == "mainthread":
+                _pin_main_thread(server.proc.pid, CORES[arm.name])
             servers[arm.name] = (arm, server)
         for name in (servers if args.two_clients else ["one"]):
             clients[name] = LoadClient(dict(os.environ), out / f"client-{name}.log")
@@ -111,10 +146,14 @@ def probe(args: argparse.Namespace) -> list[dict]:
             name = pair[step % 2] if args.paired else rng.choice(list(CORES))
             arm, server = servers[name]
             key = LevelKey(level, step // 2 if args.paired else step)
-            before = _cpu_seconds(server.proc.pid)
+            profiler = _profiler(server.proc.pid, out / f"prof-{step}.txt") if args.profile else None
+            before, started = _cpu_seconds(server.proc.pid), time.time()
             result = clients[name if args.two_clients else "one"].run(
                 plan.bench_argv(arm, key, server.base_url, out, arm.served_model_name), out / f"bench-{name}.log", 600)
             after = _cpu_seconds(server.proc.pid)
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                profiler.wait(30)
             bench = read_bench_json(out / key.raw_name(name))
             row, _ = parse_bench_result(bench, name, level, step, 0)
             columns, _ = server_metrics.level_columns(bench)
@@ -122,7 +161,8 @@ def probe(args: argparse.Namespace) -> list[dict]:
             rows.append({"step": step, "round": key.round, "arm": name, "after_own": previous == name,
                          "tput": row["output_throughput"], "tpot": columns.get("server_mean_tpot_ms"),
                          "steps_per_s": columns.get("engine_steps_per_s"), "tps": columns.get("tokens_per_step"),
-                         "wall": result.get("wall_s"), "load": host_load.read_load_1m(),
+                         "wall": result.get("wall_s"), "start": started, "end": time.time(),
+                         "load": host_load.read_load_1m(),
                          **{CPU_COLUMNS[k]: 1000 * (after[k] - before[k]) / tokens for k in before}})
             print(json.dumps(rows[-1]), flush=True)
             previous = name
@@ -167,10 +207,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--paired", action="store_true", help="both arms every round, in a random order")
-    ap.add_argument("--pin", choices=("none", "other", "own", "engine", "samecore"), default="none",
+    ap.add_argument("--pin", choices=("none", "other", "own", "engine", "samecore", "mainthread"), default="none",
                     help="taskset each server: on the other arm's core, on its own, or not at all; engine: bind "
                          "each EngineCore's threads to the arm's core once it is up; samecore: both engines on "
-                         "core 0, the API servers and the client on core 1")
+                         "core 0, the API servers and the client on core 1; mainthread: the EngineCore's main "
+                         "thread alone on the arm's core, its other threads on the other core")
+    ap.add_argument("--profile", action="store_true", help="py-spy each level's EngineCore into OUT/prof-<step>.txt")
     ap.add_argument("--two-clients", action="store_true", help="one load-client process per arm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for both servers")
@@ -183,6 +225,8 @@ def main() -> None:
         return
     if not args.out:
         sys.exit("carryover_probe: give --out DIR (or --analyse ROWS.json)")
+    if args.profile and not PY_SPY.exists():
+        sys.exit(f"carryover_probe: --profile needs py-spy at {PY_SPY}: {Path(sys.executable).parent}/pip install py-spy")
     print(json.dumps(analyse(probe(args))))
 
 
