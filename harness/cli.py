@@ -117,6 +117,8 @@ class _OneLineErrors(argparse.ArgumentParser):
     """argparse with a one-line usage error (``prog: error: … (see prog --help)``, exit 2) instead of the usage block."""
 
     def error(self, message: str):
+        if message.endswith("expected one argument"):   # argparse reads a value such as -3m as another flag
+            message += "; a value that starts with '-' goes after '=', e.g. --budget=12m"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -190,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ScenarioError, PlanError, RunError, RunDirError, PolicyError, UsageError) as error:
-        print(f"dsa-bench: error: {error}", file=sys.stderr)
+        print(f"dsa-bench {args.command}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
 
 

@@ -15,11 +15,30 @@ from harness.rundir.files import first_error
 __all__ = ["UsageError", "add_scenario_flags", "overrides", "duration", "compare_request"]
 
 
+def _at_least(minimum: int):
+    """An argparse type: a whole number ≥ ``minimum``, so a bad count is refused under the flag the user typed, not
+    the scenario key it overrides."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+    return parse
+
+
+_COUNT, _NONNEGATIVE = _at_least(1), _at_least(0)
+
+
 def _levels(text: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
+        return [_COUNT(part) for part in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers, "
+                                         f"e.g. 1,2,4") from None
+
 
 
 def duration(text: str) -> float:
@@ -40,22 +59,22 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--scenario", help="scenario name in scenarios/ or a TOML path "
                                           "(default: cpu-tiny-dsa without CUDA; glm-5.2-nvfp4-tp4 with CUDA)")
     group.add_argument("--model", help="model path or Hugging Face id (overrides model.id)")
-    group.add_argument("--tp", type=int, help="tensor parallel size (serve.tensor_parallel_size)")
+    group.add_argument("--tp", type=_COUNT, help="tensor parallel size (serve.tensor_parallel_size)")
     group.add_argument("--quant", help="quantization: none, fp8, nvfp4, … (serve.quantization)")
     group.add_argument("--kv-cache-dtype", help="auto, fp8, fp8_ds_mla, … (serve.kv_cache_dtype)")
     group.add_argument("--concurrency", type=_levels, help="levels of the workload's own regime, e.g. 1,2,4 "
                        "(workload.concurrency; [[workload.regimes]] keep their own)")
-    group.add_argument("--num-prompts", type=int, help="prompts per level (at least one per concurrent slot)")
+    group.add_argument("--num-prompts", type=_COUNT, help="prompts per level (at least one per concurrent slot)")
     group.add_argument("--min-level-s", type=float, metavar="S",
                        help="at least S seconds of measured load per level: a pilot before the first measured level "
                             "sets each concurrency's prompt count, the same for both arms and every round "
                             "(workload.min_level_s; 0 = off)")
-    group.add_argument("--input-len", type=int, help="random-dataset input tokens (workload.input_len)")
-    group.add_argument("--output-len", type=int, help="output tokens per request (workload.output_len)")
-    group.add_argument("--repeats", type=int,
+    group.add_argument("--input-len", type=_COUNT, help="random-dataset input tokens (workload.input_len)")
+    group.add_argument("--output-len", type=_COUNT, help="output tokens per request (workload.output_len)")
+    group.add_argument("--repeats", type=_COUNT,
                        help="session blocks per arm (workload.repeats; × rounds_per_session rounds), judged in the "
                             "fixed design (one look at the end; --max-sessions N for looks)")
-    group.add_argument("--max-sessions", type=int, metavar="N",
+    group.add_argument("--max-sessions", type=_COUNT, metavar="N",
                        help="sequential run: look after each block, stop at PASS/FAIL, at most N server sessions per "
                             "arm (gate.max_sessions and workload.repeats; needs a fresh session per block: "
                             "sequential servers or --restart-per-block)")
@@ -64,15 +83,16 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--duet", action=argparse.BooleanOptionalAction, default=None,
                        help="concurrent servers on disjoint --place-* cores or GPUs, each level sent to both arms at "
                             "once (serve.duet)")
-    group.add_argument("--gsm8k-fewshot", type=int, metavar="N", help="GSM8K few-shot examples (accuracy.num_fewshot)")
-    group.add_argument("--gsm8k-limit", type=int, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
+    group.add_argument("--gsm8k-fewshot", type=_NONNEGATIVE, metavar="N",
+                       help="GSM8K few-shot examples (accuracy.num_fewshot)")
+    group.add_argument("--gsm8k-limit", type=_COUNT, metavar="N", help="GSM8K questions per arm (accuracy.limit)")
     group.add_argument("--no-gsm8k", action="store_true", help="skip GSM8K (accuracy.enabled = false)")
     group.add_argument("--gsm8k-data", metavar="DIR", help="directory with GSM8K train.jsonl and test.jsonl")
     mtp = group.add_mutually_exclusive_group()
     group.add_argument("--inject-candidate", metavar="KIND",
                        help="calibration injection for the candidate only: topk-random, indexer-rope-flip or "
                             "step-delay:<ms> (arms.candidate.inject)")
-    mtp.add_argument("--mtp", type=int, metavar="K", help="MTP with K speculative tokens")
+    mtp.add_argument("--mtp", type=_NONNEGATIVE, metavar="K", help="MTP with K speculative tokens")
     mtp.add_argument("--no-mtp", action="store_true", help="turn MTP off")
     cluster = parser.add_argument_group("placement (the [cluster] table)")
     cluster.add_argument("--cluster-backend", choices=("local", "ray"), help="where servers run (cluster.backend)")

@@ -45,7 +45,6 @@ def test_plan_works_for_a_gpu_scenario_on_any_machine(capsys):
     (["--tp", "4"], "--tp 4 requires a CUDA machine"),
     (["--quant", "nvfp4"], "--quant nvfp4 requires a CUDA machine"),
     (["--scenario", "glm-5.2-nvfp4-tp4"], "requires a CUDA machine"),
-    (["--concurrency", "0"], "workload.concurrency"),
     (["--scenario", "nope"], "no such scenario"),
     (["--kv-cache-dtype", "fp8"], "CPU MLA backend"),
     (["--model", "/nonexistent/model"], "does not exist"),
@@ -58,7 +57,7 @@ def test_compare_refuses_bad_input_with_one_line_and_exit_2(capsys, tmp_path, fl
         pytest.skip("this machine has CUDA")
     code, _, err = _run(capsys, "compare", "--out", str(tmp_path / "results"), *flags)
     assert code == 2
-    assert err.startswith("dsa-bench: error: ") and needle in err and err.count("\n") == 1
+    assert err.startswith("dsa-bench compare: error: ") and needle in err and err.count("\n") == 1
     assert not (tmp_path / "results").exists() and procs.live_children() == []
 
 

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,12 +64,15 @@ def _cli(*argv) -> tuple[int, str, str]:
     """``dsa-bench ARGV`` in this process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as stop:   # argparse refuses a flag's value itself
+            code = stop.code
     return code, out.getvalue(), err.getvalue()
 
 
 def _one_line_error(err: str) -> str:
-    assert err.startswith("dsa-bench: error: ") and err.count("\n") == 1, err
+    assert re.match(r"dsa-bench [a-z]+: error: ", err) and err.count("\n") == 1, err
     return err
 
 
@@ -240,7 +244,8 @@ def test_case11_corrupted_levels_csv_gate_invalid_report_and_resume_name_the_fil
         _isolate(mp, sweep["env"])
         code, _, err = _cli("compare", "--resume", run_dir)
     # after the progress header ("dsa-bench: fault-tiny on cpu → RUN_DIR"), one error line naming the file
-    assert code == 2 and err.splitlines()[-1].startswith(f"dsa-bench: error: {run_dir}/levels.csv: unreadable CSV")
+    assert code == 2 and err.splitlines()[-1].startswith(
+        f"dsa-bench compare: error: {run_dir}/levels.csv: unreadable CSV")
     assert procs.live_children() == []
 
 
@@ -439,8 +444,8 @@ def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_p
     changed = scenario_copy(tmp_path, output_len="output_len = 9")
     code, _, err = _cli("compare", "--resume", run_dir, "--scenario", changed)
     assert code == 2 and _one_line_error(err) == (
-        f"dsa-bench: error: cannot resume {run_dir}: the scenario changed (workload.output_len); resume with the "
-        f"same scenario or start a new run\n")
+        f"dsa-bench compare: error: cannot resume {run_dir}: the scenario changed (workload.output_len); resume with "
+        f"the same scenario or start a new run\n")
     code, _, err = _cli("compare", "--resume", run_dir, "--concurrency", "1,2,4")
     assert code == 2 and "the scenario changed (workload.concurrency)" in _one_line_error(err)
 
@@ -451,7 +456,7 @@ def test_case7_resume_refuses_a_changed_scenario_or_changed_versions(fake, tmp_p
     now = manifest["versions"]["vllm"]
     from harness.run import machine
     assert code == 2 and _one_line_error(err) == (
-        f"dsa-bench: error: cannot resume {run_dir}: installed versions changed (vllm {now} → "
+        f"dsa-bench compare: error: cannot resume {run_dir}: installed versions changed (vllm {now} → "
         f"{machine.versions()['vllm']}); results would not be comparable — start a new run\n")
     assert set(fake_pids(tmp_path / "pids")) == started    # nothing was started by a refused resume
     assert json.loads((run_dir / schema.MANIFEST).read_text()) == manifest
@@ -516,16 +521,30 @@ def test_case8_bad_scenario_file_is_one_line_exit_2(fake, tmp_path, replace, nee
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--input-len", "-1"], "key 'workload.input_len': Input should be greater than 0"),
-    (["--output-len", "-3"], "key 'workload.output_len': Input should be greater than 1"),
+    (["--output-len", "1"], "key 'workload.output_len': Input should be greater than 1"),
     (["--quant", "bogus"], "key 'serve.quantization': unknown quantization 'bogus'"),
     (["--kv-cache-dtype", "int2"], "key 'serve.kv_cache_dtype': unknown kv_cache_dtype 'int2'"),
-    (["--repeats", "0"], "key 'workload.repeats': Input should be greater than or equal to 1"),
-    (["--num-prompts", "0"], "key 'workload.min_prompts': Input should be greater than 0"),
 ])
 def test_case8_out_of_range_flags_are_one_line_exit_2(fake, tmp_path, flags, needle):
     code, _, err = _cli("compare", "--scenario", SCENARIO, "--out", tmp_path / "results", *flags)
     assert code == 2 and needle in _one_line_error(err) and "(with CLI overrides)" in err
+    assert not (tmp_path / "results").exists() and fake_pids(tmp_path / "pids") == {}
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--input-len", "-1"], "argument --input-len: -1 is below 1"),
+    (["--output-len", "-3"], "argument --output-len: -3 is below 1"),
+    (["--repeats", "0"], "argument --repeats: 0 is below 1"),
+    (["--max-sessions", "0"], "argument --max-sessions: 0 is below 1"),
+    (["--num-prompts", "0"], "argument --num-prompts: 0 is below 1"),
+    (["--gsm8k-limit", "-5"], "argument --gsm8k-limit: -5 is below 1"),
+    (["--gsm8k-fewshot", "x"], "argument --gsm8k-fewshot: 'x' is not a whole number"),
+    (["--concurrency", "1,0"], "argument --concurrency: '1,0' is not a comma-separated list of positive integers"),
+    (["--budget", "-3m"], "argument --budget: expected one argument; a value that starts with '-' goes after '='"),
+])
+def test_case8_bad_counts_are_refused_under_the_flag_typed(fake, tmp_path, flags, needle):
+    code, _, err = _cli("compare", "--scenario", SCENARIO, "--out", tmp_path / "results", *flags)
+    assert code == 2 and needle in _one_line_error(err) and "scenario" not in err.split("(see")[0]
     assert not (tmp_path / "results").exists() and fake_pids(tmp_path / "pids") == {}
 
 

@@ -381,7 +381,7 @@ def test_cli_plan_shows_the_injection_and_compare_refuses_bad_kinds(capsys, tmp_
     assert f"{ENV_INJECT}=indexer-rope-flip" in out
     code = main(["compare", "--out", str(tmp_path / "results"), "--inject-candidate", "slow"])
     _, err = capsys.readouterr()
-    assert code == 2 and err.startswith("dsa-bench: error: ") and ALLOWED in err and err.count("\n") == 1
+    assert code == 2 and err.startswith("dsa-bench compare: error: ") and ALLOWED in err and err.count("\n") == 1
     assert not (tmp_path / "results").exists() and procs.live_children() == []
 
 
