@@ -58,6 +58,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from harness.judge import divergence
+from harness.judge.correctness_cell import CorrectnessCell
 from harness.judge.attainment import slo_attainment
 from harness.judge.prefix_cache import prefix_cache
 from harness.judge.design_costs import run_noise
@@ -101,7 +102,7 @@ class GateResult:
     document: dict[str, Any] = field(default_factory=dict)
     written: list[Path] = field(default_factory=list)
     write_errors: list[str] = field(default_factory=list)
-    correctness: list[divergence.CorrectnessCell] = field(default_factory=list)   # token divergence, parity
+    correctness: list[CorrectnessCell] = field(default_factory=list)   # token divergence, parity
 
     @property
     def exit_code(self) -> int:
@@ -202,7 +203,7 @@ def tokens_gated(manifest: Manifest) -> bool:
             and manifest.scenario_value("model", "load_format") != "dummy")
 
 
-def correctness_cells(store: RunDir, manifest: Manifest | None, policy: GatePolicy) -> list[divergence.CorrectnessCell]:
+def correctness_cells(store: RunDir, manifest: Manifest | None, policy: GatePolicy) -> list[CorrectnessCell]:
     """The correctness family (:func:`harness.judge.divergence.judge`) from ``scoring/`` and ``parity/`` (none when
     the run does not gate tokens).
 

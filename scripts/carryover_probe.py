@@ -226,7 +226,8 @@ def main() -> None:
     if not args.out:
         sys.exit("carryover_probe: give --out DIR (or --analyse ROWS.json)")
     if args.profile and not PY_SPY.exists():
-        sys.exit(f"carryover_probe: --profile needs py-spy at {PY_SPY}: {Path(sys.executable).parent}/pip install py-spy")
+        sys.exit(f"carryover_probe: --profile needs py-spy at {PY_SPY}: "
+                 f"{Path(sys.executable).parent}/pip install py-spy")
     print(json.dumps(analyse(probe(args))))
 
 

@@ -3,11 +3,12 @@ against slow levels of the same arm.
 
 ``scripts/carryover_probe.py --profile`` records each level's EngineCore with ``py-spy record --format raw``
 (collapsed Python stacks, 250 Hz, ``--nonblocking``) into ``OUT/prof-<step>.txt`` beside ``OUT/rows.json``.
-``--summarise OUT`` folds them into one small gzip-compressed JSON (per level: arm, server mean TPOT, samples, and per function its
-leaf sample count: the samples in which that function was running Python code); the analysis reads that summary. Per arm it splits the levels into thirds by server
-mean TPOT and, for the fastest and the slowest third, compares the mean samples per function: if the slow levels'
-extra samples sit in one component (the scheduler, the MTP draft, one op), the extra work is that component's; if
-every leaf grows by about the same factor, the whole computation ran slower.
+``--summarise OUT`` folds them into one small gzip-compressed JSON (per level: arm, server mean TPOT, samples, and per
+function its leaf sample count: the samples in which that function was running Python code); the analysis reads that
+summary. Per arm it splits the levels into thirds by server mean TPOT and, for the fastest and the slowest third,
+compares the mean samples per function: if the slow levels' extra samples sit in one component (the scheduler, the
+MTP draft, one op), the extra work is that component's; if every leaf grows by about the same factor, the whole
+computation ran slower.
 
     PYTHONPATH=. .venv/bin/python scripts/profile_levels.py --summarise /tmp/prof1 --out SUMMARY.json.gz
     PYTHONPATH=. .venv/bin/python scripts/profile_levels.py results/carryover/pyspy-c1.json.gz

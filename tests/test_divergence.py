@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from harness.judge import divergence
+from harness.judge import correctness_cell, decode_divergence, divergence
 from harness.study import divergence_simulation
 from harness.judge import token_compare
 from harness.run import scoring
@@ -50,9 +50,9 @@ def test_top_k_kl_is_a_lower_bound_and_exact_with_the_whole_vocabulary():
 
 
 def test_sign_test_is_the_binomial_tail():
-    assert divergence.sign_test(0, 0) == 1.0
-    assert divergence.sign_test(5, 0) == pytest.approx(1 / 32)
-    assert divergence.sign_test(6, 1) == pytest.approx(8 / 128)
+    assert correctness_cell.sign_test(0, 0) == 1.0
+    assert correctness_cell.sign_test(5, 0) == pytest.approx(1 / 32)
+    assert correctness_cell.sign_test(6, 1) == pytest.approx(8 / 128)
 
 
 def _rows(n, shift=(), length=10, seed=0, by=0.5):
@@ -138,20 +138,20 @@ def test_decode_cell_fails_a_decode_only_gap_and_compares_the_common_prefix_only
     (0.025 per prompt) and a candidate of that size pass; positions after the first differing token do not count
     (a different continuation has other log p by right, the parity cell's business)."""
     scorings, greedy = _labelled(_session(32, gap=range(10)), **{"baseline-one": _session(32, gap=range(32), by=0.025)})
-    cell = divergence.decode_cell(scorings, greedy, 0.05)
+    cell = decode_divergence.decode_cell(scorings, greedy, 0.05)
     assert cell.status == Status.FAIL and (cell.exceed, cell.below, cell.ties) == (10, 0, 22) and cell.first == (0, 0)
     assert cell.ab["positions"] == cell.ab["tokens"] == 32 * 12 and cell.aa["max"] == pytest.approx(0.025)
     assert cell.aa["comparisons"] == 3
-    harmless = divergence.decode_cell(*_labelled(_session(32, gap=range(32), by=0.025)), 0.05)
+    harmless = decode_divergence.decode_cell(*_labelled(_session(32, gap=range(32), by=0.025)), 0.05)
     assert harmless.status == Status.PASS and harmless.exceed == 0
-    assert divergence.decode_cell(*_labelled(_session(32, gap=range(5))), 0.05).status == Status.PASS
-    after = divergence.decode_cell(*_labelled(_session(32, gap=range(32), diverge=range(32))), 0.05)
+    assert decode_divergence.decode_cell(*_labelled(_session(32, gap=range(5))), 0.05).status == Status.PASS
+    after = decode_divergence.decode_cell(*_labelled(_session(32, gap=range(32), diverge=range(32))), 0.05)
     assert after.status == Status.FAIL and after.ab["positions"] == 32 * 6
     late = _session(32, diverge=range(32), at=0)
-    first = divergence.decode_cell(*_labelled(late), 0.05)
+    first = decode_divergence.decode_cell(*_labelled(late), 0.05)
     assert first.status == Status.PASS and first.ties == 32       # no common prefix: a tie, not a crash
-    unstable = divergence.decode_cell(*_labelled(_session(32, gap=range(10)), **{"baseline-2": _session(32, gap=range(8))}),
-                                      0.05)
+    unstable = decode_divergence.decode_cell(
+        *_labelled(_session(32, gap=range(10)), **{"baseline-2": _session(32, gap=range(8))}), 0.05)
     assert unstable.status == Status.INVALID
 
 
@@ -175,10 +175,11 @@ def test_recorded_decode_is_not_bit_exact_aa_but_inside_the_band():
     for session, limit in (("baseline-1", 0.0253), ("baseline-3", 0.0253), ("candidate-1", 0.0207)):
         for batch in ("all", "one"):
             ref = RECORDED["baseline-1"]["parity"]["all"]
-            gaps = divergence.runner_up_gaps(RECORDED[session]["parity"][batch], RECORDED[session]["scores"][batch], ref)
+            gaps = decode_divergence.runner_up_gaps(RECORDED[session]["parity"][batch],
+                                                    RECORDED[session]["scores"][batch], ref)
             per_prompt = [np.nanmean(v) for v in gaps.values() if v]
-            assert max(per_prompt) < limit <= divergence.DECODE_TOLERANCE / 2 + 0.001, (session, batch)
-    assert max(np.nanmean(v) for v in divergence.runner_up_gaps(
+            assert max(per_prompt) < limit <= decode_divergence.DECODE_TOLERANCE / 2 + 0.001, (session, batch)
+    assert max(np.nanmean(v) for v in decode_divergence.runner_up_gaps(
         RECORDED["baseline-1"]["parity"]["one"], RECORDED["baseline-1"]["scores"]["one"],
         RECORDED["baseline-1"]["parity"]["all"]).values()) > 0.0
 

@@ -54,29 +54,16 @@ would FAIL. Decode is not bit-exact A/A: a batch of one rounds the bf16 logits o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from harness.judge import confidence, token_compare
+from harness.judge.correctness_cell import CELLS, CorrectnessCell, cell_from_counts, envelope_counts, quantiles
+from harness.judge.decode_divergence import DECODE_TOLERANCE, decode_cell, has_decode_logprobs
 from harness.rundir.schema import Status
 
-FAMILY = "correctness"
-CELLS = ("token_divergence", "confidence_loss", "decode_divergence", "parity")
 CONFIDENCE_TOLERANCE = confidence.CONFIDENCE_TOLERANCE
-DECODE_TOLERANCE = 0.05
-"""Nats per position, the per-prompt mean runner-up decode-vs-prefill gap beyond the envelope that counts
-(``decode_divergence``; the default of the policy's ``decode_tolerance``). Derived from the recordings: on the
-served default (``tests/fixtures/recorded/scoring-aa``, each session's parity against its own scoring, both batch
-compositions) the three baseline sessions' and the two compile-off candidate sessions' per-prompt gap is at most
-0.0252 (median 0–0.0022; bf16 logits, whose step at a logit of 8–16 is 0.0625, round differently in a batch of one
-and a batch of 32): the band is twice that. On the reference model (``results/defects/decode-divergence-n64.json``)
-``stale-index-key``'s per-prompt gap is 0.034–0.187 (median 0.077), 27 of the first 32 prompts beyond the band
-over the correct path's; the correct path, the harmless changes, ``topk-lost-key`` and ``indexer-fp8-scale-floor``
-stay ≤ 0.023 (the latter two act in prefill and decode alike). Served (``results/defects/README.md``, "Decode against
-prefill"), ``stale-index-key``'s candidate gap is median 0.042, max 0.079 per prompt against the baseline sessions'
-≤ 0.017: 9 of 32 prompts beyond the band, FAIL (6 needed then, 7 in the family of four)."""
 TOKEN_TOLERANCE = 0.002
 """Nats per token, the per-prompt mean ``|Δ log p|`` that counts as a tie (the default of the policy's
 ``token_tolerance``). Derived from the recordings, not assumed:
@@ -95,75 +82,6 @@ TOKEN_TOLERANCE = 0.002
   change."""
 
 
-@dataclass
-class CorrectnessCell:
-    """One cell of the correctness family.
-
-    ``exceed``/``below``/``ties``: prompt counts (module docstring); ``p_fail``: the sign test's one-sided p-value;
-    ``alpha``: the level it is tested at (α / 4); ``test``: the test that gave ``p_fail``. ``ab``/``aa``: run summaries of the A/B and envelope
-    (:func:`harness.judge.token_compare.summary`, or parity's exact-match rates). ``first``: the first divergent prompt
-    (index, position) of the A/B. ``cdf``: the per-token ``|Δ log p|`` quantiles (0–100 %) of A/B and A/A (the report's CDF).
-    """
-
-    name: str
-    status: Status
-    reasons: list[str] = field(default_factory=list)
-    exceed: int = 0
-    below: int = 0
-    ties: int = 0
-    p_fail: float | None = None
-    alpha: float | None = None
-    ab: dict[str, Any] = field(default_factory=dict)
-    aa: dict[str, Any] = field(default_factory=dict)
-    first: tuple[int, int] | None = None
-    cdf: dict[str, list[float]] = field(default_factory=dict)
-    test: str = "sign test"
-
-    def describe(self) -> str:
-        """One line for the summary and the terminal."""
-        if self.status == Status.INVALID:
-            return f"{self.name}: INVALID — {'; '.join(self.reasons)}"
-        where = (f"; first divergence: prompt {self.first[0]} at token {self.first[1]}"
-                 if self.first is not None else "")
-        return (f"{self.name}: {self.status} — {self.exceed} prompt(s) beyond the A/A envelope, {self.below} within "
-                f"it by more, {self.ties} tied; {self.test} p = {self.p_fail:.3g} vs α/{len(CELLS)} = {self.alpha:g}"
-                f"{where}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "family": FAMILY, "result": str(self.status), "reasons": list(self.reasons),
-                "exceed": self.exceed, "below": self.below, "ties": self.ties, "p_fail": self.p_fail,
-                "alpha": self.alpha, "ab": self.ab, "aa": self.aa,
-                "first": None if self.first is None else list(self.first), "cdf": self.cdf, "test": self.test,
-                "note": self.describe()}
-
-
-def sign_test(exceed: int, below: int) -> float:
-    """One-sided exact sign test: ``P(Binomial(exceed + below, 1/2) ≥ exceed)`` (1.0 with no untied prompt)."""
-    n = exceed + below
-    return float(sum(math.comb(n, k) for k in range(exceed, n + 1)) / 2 ** n) if n else 1.0
-
-
-def status_of(exceed: int, below: int, aa_unstable: int, alpha: float) -> Status:
-    """FAIL / PASS by the sign test at ``alpha`` / len(:data:`CELLS`); INVALID when ``aa_unstable`` prompts alone
-    would FAIL."""
-    level = alpha / len(CELLS)
-    if sign_test(aa_unstable, 0) <= level:
-        return Status.INVALID
-    return Status.FAIL if sign_test(exceed, below) <= level else Status.PASS
-
-
-def _verdict(name: str, exceed: int, below: int, ties: int, aa_unstable: int, alpha: float) -> CorrectnessCell:
-    """The cell's status from its counts; INVALID when ``aa_unstable`` prompts of the envelope alone would FAIL."""
-    level = alpha / len(CELLS)
-    status = status_of(exceed, below, aa_unstable, alpha)
-    if status == Status.INVALID:
-        return CorrectnessCell(name, Status.INVALID, [
-            f"the A/A envelope is unstable: the baseline differs from itself on {aa_unstable} prompt(s), which the "
-            "same test would call a defect; rerun on a quieter machine or check the baseline's determinism"],
-            exceed, below, ties, alpha=level)
-    return CorrectnessCell(name, status, [], exceed, below, ties, sign_test(exceed, below), level)
-
-
 def _per_prompt_mean(comparison: Mapping[str, Any]) -> dict[int, float]:
     return {int(p["index"]): float(np.nanmean(p["abs_dlogp"])) if len(p["abs_dlogp"]) else 0.0
             for p in comparison["prompts"]}
@@ -175,14 +93,6 @@ def token_values(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa:
     ab = _per_prompt_mean(token_compare.compare_scores(reference, candidate))
     aa_values = [_per_prompt_mean(token_compare.compare_scores(reference, rows)) for rows in aa]
     return ab, {i: max(values[i] for values in aa_values) for i in ab}
-
-
-def token_counts(ab: Sequence[float], envelope: Sequence[float], tolerance: float = TOKEN_TOLERANCE
-                 ) -> tuple[int, int, int]:
-    """(exceed, below, unstable) prompt counts of the divergence cell from paired per-prompt values."""
-    return (sum(1 for a, e in zip(ab, envelope) if a > e + tolerance),
-            sum(1 for a, e in zip(ab, envelope) if e > a + tolerance),
-            sum(1 for e in envelope if e > tolerance))
 
 
 def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: Sequence[Sequence[Mapping]],
@@ -197,8 +107,8 @@ def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], 
         raise ValueError("the divergence cell needs at least one A/A scoring")
     ab, envelope = token_values(reference, candidate, aa)
     keys = sorted(ab)
-    exceed, below, unstable = token_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
-    cell = _verdict("token_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
+    exceed, below, unstable = envelope_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
+    cell = cell_from_counts("token_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
     ab_cmp = token_compare.compare_scores(reference, candidate)
     aa_cmps = [token_compare.compare_scores(reference, rows) for rows in aa]
     cell.first = next(((p["index"], pos) for p in ab_cmp["prompts"] for pos, d in enumerate(p["abs_dlogp"])
@@ -208,13 +118,8 @@ def divergence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], 
     cell.aa = {**token_compare.summary(aa_tokens, [f for c in aa_cmps for p in c["prompts"] for f in p["flip"]]),
                "comparisons": len(aa_cmps)}
     ab_tokens = [v for p in ab_cmp["prompts"] for v in p["abs_dlogp"] if math.isfinite(v)]
-    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": _quantiles(ab_tokens), "aa": _quantiles(aa_tokens)}
+    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": quantiles(ab_tokens), "aa": quantiles(aa_tokens)}
     return cell
-
-
-def _quantiles(values: Sequence[float]) -> list[float]:
-    """The 0, 1, …, 100 % quantiles of ``values`` (empty: [])."""
-    return [float(v) for v in np.quantile(values, np.linspace(0, 1, 101))] if len(values) else []
 
 
 def _max_kl(comparison: Mapping[str, Any]) -> float | None:
@@ -288,103 +193,8 @@ def confidence_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], 
                 "prompts": len(values)}
     cell.ab, cell.aa = {**spread(a), "tolerance": tolerance}, {**spread(e), "comparisons": 1}
     cell.cdf = {"quantiles": [q / 100 for q in range(101)],
-                "ab": _quantiles(confidence.position_shifts(reference, candidate)),
-                "aa": _quantiles(confidence.position_shifts(reference, aa[0]))}
-    return cell
-
-
-def runner_up_gaps(decoded: Sequence[Mapping], forced: Sequence[Mapping], reference: Sequence[Mapping]
-                   ) -> dict[int, list[float]]:
-    """One server session's decode against its own prefill, per prompt and position (nats): ``|log p_decode(r) −
-    log p_forced(r)|`` of the **runner-up** ``r`` — the decode's highest-ranked top-logprob entry other than its
-    greedy token — at each position of the common prefix of the session's greedy output (``decoded``, parity rows)
-    and the reference's (``reference``), where the session's teacher-forced scoring (``forced``, scoring rows of the
-    reference's continuation) scored the same token after the same prefix. A position whose runner-up is missing
-    from either top list is NaN (left out of every mean).
-
-    The runner-up, not the greedy token: the model is confident (the default's greedy tokens have median log p
-    −3·10⁻⁶), so the greedy token's log p sits at 0 whatever the logits do, while the runner-up's moves with the
-    logit gap itself.
-
-    Raises:
-        ValueError: the rows cover different prompts.
-    """
-    by_forced = {int(row["index"]): row for row in forced}
-    by_reference = {int(row["index"]): row for row in reference}
-    if sorted(by_forced) != sorted(int(row["index"]) for row in decoded) or sorted(by_reference) != sorted(by_forced):
-        raise ValueError("the parity and scoring rows cover different prompts")
-    gaps = {}
-    for row in decoded:
-        index = int(row["index"])
-        first = token_compare.first_divergence(row["token_ids"], by_reference[index]["token_ids"])
-        common = len(row["token_ids"]) if math.isinf(first) else int(first)
-        values = []
-        for token, top, top_forced in zip(row["token_ids"][:common], row["top"], by_forced[index]["top"]):
-            runner_up = next(((int(t), float(lp)) for t, lp in top if int(t) != int(token)), None)
-            scored = {int(t): float(lp) for t, lp in top_forced}
-            found = runner_up is not None and runner_up[0] in scored
-            values.append(abs(runner_up[1] - scored[runner_up[0]]) if found else math.nan)
-        gaps[index] = values
-    return gaps
-
-
-def has_decode_logprobs(rows: Sequence[Mapping]) -> bool:
-    """Whether parity rows carry the top log-probs of each greedy position (``top``, one list per token: every
-    :func:`harness.run.parity.collect` row does; rows written by other tooling may not)."""
-    return all(len(row.get("top") or ()) == len(row["token_ids"]) for row in rows)
-
-
-DECODE_LABELS = ("baseline", "baseline-one", "baseline-2")
-"""The sessions whose decode-vs-prefill gaps form the ``decode_divergence`` envelope: the reference itself, its
-one-at-a-time batch and the baseline's second session (every label with both a scoring and a parity file)."""
-
-
-def decode_values(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None]
-                  ) -> tuple[dict[int, float], dict[int, float]]:
-    """Per prompt the candidate's mean runner-up gap (:func:`runner_up_gaps`, nats / position) and the A/A envelope,
-    the largest of the baseline sessions' (:data:`DECODE_LABELS` present in both mappings). A prompt without a
-    compared position is NaN, a tie (:func:`token_counts` compares NaN false); so is an envelope with no finite
-    value.
-
-    Raises:
-        ValueError: the rows cover different prompts.
-    """
-    reference = greedy["baseline"]
-
-    def means(label: str) -> dict[int, float]:
-        gaps = runner_up_gaps(greedy[label], scorings[label], reference)
-        return {i: float(np.nanmean(v)) if any(map(math.isfinite, v)) else math.nan for i, v in gaps.items()}
-    ab = means("candidate")
-    aa = [means(label) for label in DECODE_LABELS if scorings.get(label) is not None and greedy.get(label) is not None]
-    return ab, {i: max((v[i] for v in aa if math.isfinite(v[i])), default=math.nan) for i in ab}
-
-
-def decode_cell(scorings: Mapping[str, Sequence[Mapping] | None], greedy: Mapping[str, Sequence[Mapping] | None],
-                alpha: float, tolerance: float = DECODE_TOLERANCE) -> CorrectnessCell:
-    """The ``decode_divergence`` cell from the sessions' scorings and greedy outputs, keyed by :data:`SCORINGS`
-    labels (the candidate, the reference and ≥ 1 A/A label with both files); ``tolerance``: the tie band (nats /
-    position, :data:`DECODE_TOLERANCE`). ``ab`` / ``aa``: the per-position gap summary
-    (:func:`harness.judge.token_compare.summary`), the A/B's with ``positions`` compared of the reference's
-    ``tokens``; ``first``: the first exceeding prompt's first position with a gap beyond the band.
-
-    Raises:
-        ValueError: the rows cover different prompts.
-    """
-    ab, envelope = decode_values(scorings, greedy)
-    keys = sorted(ab)
-    exceed, below, unstable = token_counts([ab[i] for i in keys], [envelope[i] for i in keys], tolerance)
-    cell = _verdict("decode_divergence", exceed, below, len(ab) - exceed - below, unstable, alpha)
-    reference = greedy["baseline"]
-    ab_gaps = runner_up_gaps(greedy["candidate"], scorings["candidate"], reference)
-    aa_gaps = [runner_up_gaps(greedy[label], scorings[label], reference) for label in DECODE_LABELS
-               if scorings.get(label) is not None and greedy.get(label) is not None]
-    cell.first = next(((i, pos) for i in keys if ab[i] > envelope[i] + tolerance
-                       for pos, d in enumerate(ab_gaps[i]) if d > tolerance), None)
-    ab_tokens = [v for i in keys for v in ab_gaps[i] if math.isfinite(v)]
-    aa_tokens = [v for gaps in aa_gaps for i in keys for v in gaps[i] if math.isfinite(v)]
-    cell.ab = {**token_compare.summary(ab_tokens, []), "tokens": sum(len(row["token_ids"]) for row in reference)}
-    cell.aa = {**token_compare.summary(aa_tokens, []), "comparisons": len(aa_gaps)}
-    cell.cdf = {"quantiles": [q / 100 for q in range(101)], "ab": _quantiles(ab_tokens), "aa": _quantiles(aa_tokens)}
+                "ab": quantiles(confidence.position_shifts(reference, candidate)),
+                "aa": quantiles(confidence.position_shifts(reference, aa[0]))}
     return cell
 
 
@@ -424,7 +234,7 @@ def parity_cell(reference: Sequence[Mapping], candidate: Sequence[Mapping], aa: 
     ab, envelope = parity_values(reference, candidate, aa)
     keys = sorted(ab)
     exceed, below, unstable = parity_counts([ab[i] for i in keys], [envelope[i] for i in keys])
-    cell = _verdict("parity", exceed, below, len(ab) - exceed - below, unstable, alpha)
+    cell = cell_from_counts("parity", exceed, below, len(ab) - exceed - below, unstable, alpha)
     diverging = sorted((pos, i) for i, pos in ab.items() if pos < envelope[i])
     cell.first = (diverging[0][1], int(diverging[0][0])) if diverging else None
     total = len(ab)

@@ -24,7 +24,8 @@ from typing import Any, Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harness.metrics import METRICS as ALL_METRICS, MTP_POSITIONS, Metric
-from harness.judge.divergence import CONFIDENCE_TOLERANCE, DECODE_TOLERANCE, TOKEN_TOLERANCE
+from harness.judge.decode_divergence import DECODE_TOLERANCE
+from harness.judge.divergence import CONFIDENCE_TOLERANCE, TOKEN_TOLERANCE
 from harness.judge.stalls import Estimator
 from harness.rundir.schema import SEVERITY, Level, Status, level_regimes
 
@@ -103,8 +104,8 @@ class GatePolicy(BaseModel):
     derived). A scenario whose harmless change moves the numerics more (another kernel library) raises it."""
     decode_tolerance: float = Field(DECODE_TOLERANCE, gt=0.0, le=10.0)
     """Nats per position: the per-prompt mean decode-vs-prefill gap of the runner-up token beyond the A/A envelope
-    that the ``decode_divergence`` cell counts (:data:`harness.judge.divergence.DECODE_TOLERANCE`, where the default
-    is derived). A build whose decode and prefill kernels round differently (another GPU kernel pair) raises it."""
+    that the ``decode_divergence`` cell counts (:data:`harness.judge.decode_divergence.DECODE_TOLERANCE`, where the
+    default is derived). A build whose decode and prefill kernels round differently (another GPU kernel pair) raises it."""
     confidence_tolerance: float = Field(CONFIDENCE_TOLERANCE, gt=0.0, le=1.0)
     """Nats per token: the largest mean fall of the forced tokens' log-odds (against their top-k competitors) a
     correct candidate may show against the A/A; the ``confidence_loss`` cell FAILs a larger fall by a one-sided

@@ -108,7 +108,7 @@ class VerdictCell(_Open):
 
 
 class CorrectnessCellDoc(_Open):
-    """One cell of the correctness family in ``verdict.json`` (``harness.judge.divergence.CorrectnessCell``): the
+    """One cell of the correctness family in ``verdict.json`` (``harness.judge.correctness_cell.CorrectnessCell``): the
     prompts beyond / within / tied with the A/A envelope, the ``test``'s p against ``alpha`` (a sign test; the
     ``confidence_loss`` cell's Wilcoxon signed-rank test), the A/B and A/A summaries, the first divergent (prompt,
     token) and the per-token quantiles of the cell's statistic (``cdf``)."""

@@ -11,7 +11,7 @@ sessions of one arm: the reference ``R``, the stand-in candidate ``C`` and the s
 ``R`` against ``S`` and ``R`` against its own ``one`` batch (the runner's design). Every ordered choice of the
 baseline's three sessions, and the candidate arm's two sessions with ``R``'s ``one`` scoring as the only envelope, are
 A/A runs. Each is resampled ``resamples`` times over prompts (with replacement; the prompt is the unit of
-replication), and every resample judged by :func:`harness.judge.divergence.status_of` (the ``confidence_loss`` cell
+replication), and every resample judged by :func:`harness.judge.correctness_cell.status_of` (the ``confidence_loss`` cell
 by :func:`harness.judge.divergence.confidence_status`).
 
 **Catalogue defects** (``--reference``, :func:`reference_power`): the reference model's teacher-forced scorings of
@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.judge import divergence
+from harness.judge import correctness_cell, decode_divergence, divergence
 from harness.rundir.schema import Status
 
 RECORDING = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "recorded" / "scoring-aa"
@@ -80,8 +80,8 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
                          ("confidence_loss", divergence.confidence_values(ref["scores"]["all"],
                                                                           sessions[candidate]["scores"]["all"],
                                                                           confidence_aa)),
-                         ("decode_divergence", divergence.decode_values(*_labelled(sessions, reference, candidate,
-                                                                                   second))),
+                         ("decode_divergence", decode_divergence.decode_values(*_labelled(sessions, reference,
+                                                                                          candidate, second))),
                          ("parity", divergence.parity_values(ref["parity"]["all"],
                                                              sessions[candidate]["parity"]["all"], aa_parity))):
         ab, envelope = values
@@ -91,9 +91,10 @@ def pair_values(sessions: dict[str, dict[str, Any]], reference: str, candidate: 
 
 
 COUNTS: dict[str, Callable] = {
-    "token_divergence": divergence.token_counts,
+    "token_divergence": lambda ab, envelope: correctness_cell.envelope_counts(ab, envelope, divergence.TOKEN_TOLERANCE),
     "confidence_loss": None,
-    "decode_divergence": lambda ab, envelope: divergence.token_counts(ab, envelope, divergence.DECODE_TOLERANCE),
+    "decode_divergence": lambda ab, envelope: correctness_cell.envelope_counts(ab, envelope,
+                                                                               decode_divergence.DECODE_TOLERANCE),
     "parity": divergence.parity_counts}
 """Per cell how its per-prompt values become (exceed, below, unstable) counts for the sign test; None: the cell has
 its own test (:func:`cell_status`)."""
@@ -103,7 +104,7 @@ def cell_status(cell: str, ab: np.ndarray, envelope: np.ndarray, alpha: float) -
     """The verdict of one cell on paired per-prompt values, at the default bands."""
     if cell == "confidence_loss":
         return divergence.confidence_status(ab, envelope, alpha)[0]
-    return divergence.status_of(*COUNTS[cell](ab, envelope), alpha)
+    return correctness_cell.status_of(*COUNTS[cell](ab, envelope), alpha)
 
 
 def resampled_fail_rate(values: tuple[np.ndarray, np.ndarray], cell: str, alpha: float, resamples: int,
@@ -141,7 +142,7 @@ def simulate(recording: Path = RECORDING, alpha: float = 0.05, resamples: int = 
         values = pair_values(sessions, "baseline-1", name, "baseline-2")
         ab[name] = {cell: str(cell_status(cell, *values[cell], alpha)) for cell in COUNTS}
     rates = {cell: {"false_fail_rate": f / n, "invalid_rate": i / n, "judged": n} for cell, (f, i, n) in totals.items()}
-    return {"alpha": alpha, "cell_alpha": alpha / len(divergence.CELLS), "aa": rates, "runs": runs, "ab": ab,
+    return {"alpha": alpha, "cell_alpha": alpha / len(correctness_cell.CELLS), "aa": rates, "runs": runs, "ab": ab,
             "harmless": harmless_rates(sessions, alpha, resamples, rng)}
 
 

@@ -12,7 +12,8 @@ which teacher forcing never runs):
 
 - *decode divergence between the paths*: per problem the mean ``|Δ log p|`` of the greedy token over the two paths'
   common greedy prefix (before their first differing token), both paths' log p as their decode computed it;
-- *decode against prefill* (the served ``decode_divergence`` cell, ``harness.judge.divergence.runner_up_gaps``): per
+- *decode against prefill* (the served ``decode_divergence`` cell,
+  ``harness.judge.decode_divergence.runner_up_gaps``): per
   problem the mean over a path's own greedy tokens of ``|log p_decode − log p_prefill|`` of the decode's runner-up
   token, the prefill a teacher-forced forward over prompt + that path's output; ``above``: problems beyond the correct
   path's own gap by more than ``--decode-tolerance`` (default 0.05, the gate's ``DECODE_TOLERANCE``).
@@ -44,7 +45,7 @@ DEFAULT_TOLERANCE = 0.002
 """Nats per token: ``harness.judge.divergence.TOKEN_TOLERANCE``, the per-prompt tie of the served cell (this package
 does not import the harness)."""
 DEFAULT_DECODE_TOLERANCE = 0.05
-"""Nats per position: ``harness.judge.divergence.DECODE_TOLERANCE``, the served decode cell's tie band."""
+"""Nats per position: ``harness.judge.decode_divergence.DECODE_TOLERANCE``, the served decode cell's tie band."""
 MIN_DROP_POINTS, MAX_PARITY = 15.0, 0.5
 """What "sparse attention matters" means for the checkpoint: each defect loses at least this many strict-match
 points and keeps fewer than this share of the correct path's answers token for token."""
