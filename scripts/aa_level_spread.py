@@ -1,7 +1,7 @@
 """Per-level paired spread of A/A runs (issue #27's figure): the sd of candidate − baseline log output throughput and
 log server TPOT per level, over every session block of the given run directories, with its 95 % χ² interval.
 
-The unit is the session block (one fresh pair of servers; ``levels.csv`` ``round`` within a run, each run's blocks
+The unit is the session block (one fresh pair of servers; ``levels.csv`` ``session`` within a run, each run's blocks
 its own). Pooled: the root mean square of the per-level sds (the levels weigh equally). Issue #27's target: ≤ 0.02
 per level over ≥ 12 blocks.
 
@@ -28,11 +28,12 @@ METRICS = ("output_throughput", "server_mean_tpot_ms")
 
 
 def paired_log_ratios(run_dirs: list[Path]) -> pd.DataFrame:
-    """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`."""
+    """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`, each arm's
+    figure the mean over the block's rounds (``workload.rounds_per_session``; the gate's session value)."""
     parts = []
     for run in run_dirs:
         levels = pd.read_csv(run / "levels.csv")
-        wide = levels.pivot_table(index=["level", "round"], columns="arm", values=list(METRICS)).dropna()
+        wide = levels.pivot_table(index=["level", "session"], columns="arm", values=list(METRICS)).dropna()
         ratios = pd.DataFrame({m: np.log(wide[m]["candidate"] / wide[m]["baseline"]) for m in METRICS})
         parts.append(ratios.reset_index().assign(run=run.name))
     return pd.concat(parts, ignore_index=True)
@@ -59,8 +60,8 @@ def spread_table(ratios: pd.DataFrame) -> pd.DataFrame:
 def components_table(run_dirs: list[Path]) -> pd.DataFrame:
     """Per level (``--components``, module docstring): measured paired sd of log output throughput, the block offset
     and the level's own rest (root of the variance left); sds on the log scale."""
-    ratios = paired_log_ratios(run_dirs).set_index(["run", "round", "level"])["output_throughput"]
-    blocks = ratios.groupby(["run", "round"]).mean()
+    ratios = paired_log_ratios(run_dirs).set_index(["run", "session", "level"])["output_throughput"]
+    blocks = ratios.groupby(["run", "session"]).mean()
     levels = ratios.index.get_level_values("level").nunique()
     measured = ratios.groupby("level").std()
     block = math.sqrt(max(blocks.var() - (measured ** 2).mean() / levels, 0.0))
