@@ -99,7 +99,7 @@ def test_default_scenario_by_machine():
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["plan", "--concurrency", "1,,2"], "'1,,2' is not a comma-separated list of integers"),
+    (["plan", "--concurrency", "1,,2"], "'1,,2' is not a comma-separated list of positive integers"),
     (["plan", "--out", "x"], "unrecognized arguments: --out x"),   # no prefix-matching onto --output-len
     (["bogus"], "invalid choice: 'bogus'"),
 ])
