@@ -1,20 +1,16 @@
 """scripts/aa_pass_rate.py resamples recorded A/A blocks and judges every throughput and TPOT cell as the gate does."""
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aa_pass_rate.py"
+from scripts_loader import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("aa_pass_rate", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("aa_pass_rate")
 
 
 def _run(tmp_path: Path, name: str, blocks: int, spread: float, candidate_speed: float, seed: int) -> Path:

@@ -1,19 +1,13 @@
 """scripts/paired_requests.py separates a request's own (paired) work from a level-wide speed difference."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "paired_requests.py"
+from scripts_loader import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("paired_requests", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("paired_requests")
 
 
 def test_a_level_wide_speed_shows_in_the_level_difference_not_in_the_requests():

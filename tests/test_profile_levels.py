@@ -1,18 +1,12 @@
 """scripts/profile_levels.py folds py-spy's collapsed stacks per level and finds what grew in the slow levels."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_levels.py"
+from scripts_loader import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("profile_levels", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("profile_levels")
 
 
 def test_fold_counts_the_innermost_function_whatever_its_line():
