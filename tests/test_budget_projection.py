@@ -68,6 +68,12 @@ def test_a_budget_nothing_can_fit_says_so():
     assert "raise --budget to ≥ 120 s" in record.describe()
 
 
+def test_a_first_block_without_a_level_is_described_not_a_crash():
+    record = project_budget(15.0, elapsed_s=14.0, level_s={}, min_sessions=3, planned=6, start_s=10.0)
+    assert record.outcome == "cannot"
+    assert "cannot: block 1 measured no level, 10 s of server starts" in record.describe()
+
+
 # ------------------------------------------------------------------------------------------------- a whole run
 def _plan(**overrides) -> plan_mod.Plan:
     scenario = load_scenario(RECORDING, {**GATE, **overrides}).effective()

@@ -72,6 +72,9 @@ class BudgetRecord(Record):
             return (head + f"; changed: {self._levels(self.dropped)} dropped from blocks 2 on (the longest levels "
                     f"of block 1 first), {self.projected_s:.0f} s projected, {self.blocks} of {self.planned} blocks; "
                     f"the verdict covers {self._levels(self.kept())}")
+        if not self.level_s:   # block 1 measured no level (its servers never came up)
+            return (head + f"; cannot: block 1 measured no level, {self.start_s:.0f} s of server starts; stopped after "
+                    f"block 1 — raise --budget to ≥ {self.needed_s:.0f} s or lower gate.min_sessions")
         shortest = min(self.level_s, key=lambda c: (self.level_s[c], Level.parse(c) or c))
         return (head + f"; cannot: even with {self._levels([shortest])} alone a block takes "
                 f"{self.block_s - sum(s for c, s in self.level_s.items() if c != shortest):.0f} s, "
