@@ -12,10 +12,10 @@ from harness.compare import CompareRequest, UsageError
 from harness.run.placement import parse_place_flag
 from harness.rundir.files import first_error
 
-__all__ = ["UsageError", "add_scenario_flags", "overrides", "duration", "compare_request"]
+__all__ = ["UsageError", "add_scenario_flags", "overrides", "duration", "compare_request", "at_least"]
 
 
-def _at_least(minimum: int):
+def at_least(minimum: int):
     """An argparse type: a whole number ≥ ``minimum``, so a bad count is refused under the flag the user typed, not
     the scenario key it overrides."""
     def parse(text: str) -> int:
@@ -29,7 +29,7 @@ def _at_least(minimum: int):
     return parse
 
 
-_COUNT, _NONNEGATIVE = _at_least(1), _at_least(0)
+_COUNT, _NONNEGATIVE = at_least(1), at_least(0)
 
 
 def _levels(text: str) -> list[int]:
@@ -38,7 +38,6 @@ def _levels(text: str) -> list[int]:
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers, "
                                          f"e.g. 1,2,4") from None
-
 
 
 def duration(text: str) -> float:

@@ -29,10 +29,16 @@ METRICS = ("output_throughput", "server_mean_tpot_ms")
 
 def paired_log_ratios(run_dirs: list[Path]) -> pd.DataFrame:
     """One row per (run, block, level): the candidate − baseline log ratio of each of :data:`METRICS`, each arm's
-    figure the mean over the block's rounds (``workload.rounds_per_session``; the gate's session value)."""
+    figure the mean over the block's rounds (``workload.rounds_per_session``; the gate's session value).
+
+    Raises:
+        ValueError: a ``levels.csv`` without the columns a dsa-bench run writes."""
     parts = []
     for run in run_dirs:
         levels = pd.read_csv(run / "levels.csv")
+        absent = [column for column in ("arm", "session", "level", *METRICS) if column not in levels.columns]
+        if absent:
+            raise ValueError(f"{run / 'levels.csv'} lacks {', '.join(absent)}: not a dsa-bench run's levels.csv")
         wide = levels.pivot_table(index=["level", "session"], columns="arm", values=list(METRICS)).dropna()
         ratios = pd.DataFrame({m: np.log(wide[m]["candidate"] / wide[m]["baseline"]) for m in METRICS})
         parts.append(ratios.reset_index().assign(run=run.name))
@@ -78,7 +84,10 @@ def main() -> None:
     missing = [str(run) for run in args.runs if not (run / "levels.csv").is_file()]
     if missing:
         ap.error(f"no levels.csv in {', '.join(missing)}: give run directories (results/<run-id>/)")
-    table = components_table(args.runs) if args.components else spread_table(paired_log_ratios(args.runs))
+    try:
+        table = components_table(args.runs) if args.components else spread_table(paired_log_ratios(args.runs))
+    except ValueError as error:
+        ap.exit(2, f"aa_level_spread: error: {error}\n")
     print(table.to_markdown(index=False))
 
 

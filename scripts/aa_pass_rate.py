@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from harness.cli_flags import at_least
 from harness.judge.policy import GatePolicy
 
 SPEC = {"output_throughput": (+1, 0.97), "server_mean_tpot_ms": (-1, 1.03)}
@@ -68,8 +69,9 @@ def pass_rate(matrix: np.ndarray, limits: np.ndarray, blocks: int, sims: int, al
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="A/A run directories (each with levels.csv)")
-    parser.add_argument("--blocks", default="6,8,10,12", help="session blocks per simulated run (comma-separated)")
-    parser.add_argument("--sims", type=int, default=20000)
+    parser.add_argument("--blocks", type=lambda text: [at_least(2)(part) for part in text.split(",")],
+                        default=[6, 8, 10, 12], help="session blocks per simulated run, each ≥ 2 (comma-separated)")
+    parser.add_argument("--sims", type=at_least(1), default=20000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     try:
@@ -78,7 +80,7 @@ def main() -> None:
         parser.exit(2, f"aa_pass_rate: error: {error}\n")
     policy, rng = GatePolicy(), np.random.default_rng(args.seed)
     print(f"{len(matrix)} recorded blocks, {len(cells)} cells; α = {policy.alpha} one-sided, margins ±3 %")
-    for blocks in (int(b) for b in args.blocks.split(",")):
+    for blocks in args.blocks:
         every, each = pass_rate(matrix, limits, blocks, args.sims, policy.alpha, rng)
         worst = min(range(len(cells)), key=lambda i: each[i])
         print(f"n = {blocks:2d}: all {len(cells)} cells PASS in {100 * every:5.1f} % of runs "
